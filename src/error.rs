@@ -1,0 +1,237 @@
+//! Errors. Every message says what happened to the *job*, not only to the
+//! wait, because those are different facts (invariant 2).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::job::{JobId, JobState};
+
+/// What went wrong for one offloaded job, from its caller's or owner's side.
+///
+/// Each variant's message says what happened to the job itself, so a log
+/// line like "timed out" never hides that the function is still running.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let pool = offloader::Offloader::builder().max_in_flight(1).build().unwrap();
+/// let err = pool.offload(|_stop| -> () { panic!("boom") }).await.unwrap_err();
+/// assert!(err.is_panic());
+/// assert!(err.to_string().contains("boom"));
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller stopped waiting. The job itself went on as `fate` says.
+    #[error("stopped waiting for job {id} after {waited:?}: it was still {state}; {fate}")]
+    TimedOut {
+        /// The job whose wait ended.
+        id: JobId,
+        /// How long the caller waited.
+        waited: Duration,
+        /// The job's state when the wait ended (queued or running).
+        state: JobState,
+        /// What happened to the job because the wait ended.
+        fate: Fate,
+    },
+    /// The job was cancelled while queued; the function never ran.
+    #[error("job {id} was cancelled before it started; the function never ran")]
+    Cancelled {
+        /// The cancelled job.
+        id: JobId,
+    },
+    /// An immediate shutdown removed the job from the queue; the function
+    /// never ran.
+    #[error("job {id} never started: the offloader shut down immediately and returned it unstarted")]
+    Unstarted {
+        /// The job that was handed back.
+        id: JobId,
+    },
+    /// The function panicked. The worker thread survived and the permit was
+    /// released once the unwinding finished.
+    #[error("job {id} panicked: {message}; the worker survived and the permit was released")]
+    Panicked {
+        /// The job that panicked.
+        id: JobId,
+        /// The panic message, if the payload was a string.
+        message: String,
+    },
+    /// The job was never accepted, so the function never ran.
+    #[error("job not accepted, the function never ran: {0}")]
+    Rejected(#[from] Rejected),
+    /// An [`OffloadFuture`](crate::OffloadFuture) was polled again after it
+    /// had returned its result.
+    #[error("the offload future was polled after it had completed")]
+    PolledAfterCompletion,
+    /// The outcome was already taken from this handle by an earlier wait.
+    #[error("the outcome of job {id} was already taken by an earlier wait")]
+    OutcomeTaken {
+        /// The job.
+        id: JobId,
+    },
+}
+
+impl Error {
+    /// `true` for [`Error::TimedOut`]: the wait ended, the job did not
+    /// necessarily.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::TimedOut { .. })
+    }
+
+    /// `true` for [`Error::Cancelled`] and [`Error::Unstarted`]: the function
+    /// never ran.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Error::Cancelled { .. } | Error::Unstarted { .. })
+    }
+
+    /// `true` for [`Error::Panicked`].
+    pub fn is_panic(&self) -> bool {
+        matches!(self, Error::Panicked { .. })
+    }
+
+    /// `true` for [`Error::Rejected`]: the job was never accepted.
+    pub fn is_rejected(&self) -> bool {
+        matches!(self, Error::Rejected(_))
+    }
+
+    /// The job this error is about, if it was ever accepted.
+    pub fn job_id(&self) -> Option<JobId> {
+        match self {
+            Error::TimedOut { id, .. }
+            | Error::Cancelled { id }
+            | Error::Unstarted { id }
+            | Error::Panicked { id, .. }
+            | Error::OutcomeTaken { id } => Some(*id),
+            Error::Rejected(_) | Error::PolledAfterCompletion => None,
+        }
+    }
+}
+
+/// What happened to a job when its caller stopped waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fate {
+    /// The job goes on (queued or running) under its owner; its outcome will
+    /// be recorded.
+    KeptRunning,
+    /// The job was still queued and was cancelled: the function never runs.
+    CancelledBeforeStart,
+    /// The job was running and its stop token was set; it keeps its permit
+    /// until the function returns.
+    StopRequested,
+    /// The job had already finished by the time the policy was applied.
+    AlreadyFinished,
+}
+
+impl fmt::Display for Fate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fate::KeptRunning => "the job goes on under its owner and its outcome will be recorded",
+            Fate::CancelledBeforeStart => "it was cancelled before it started and will never run",
+            Fate::StopRequested => {
+                "stop was requested; it holds its permit until the function returns"
+            }
+            Fate::AlreadyFinished => "it had already finished",
+        })
+    }
+}
+
+/// Why a job was not accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejected {
+    /// The queue was full (the `try` form does not wait).
+    #[error("the queue is full ({capacity} jobs waiting)")]
+    Full {
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// The caller's timeout passed while waiting for room in a full queue.
+    #[error("the queue stayed full ({capacity} jobs waiting) for the caller's whole timeout of {waited:?}")]
+    FullUntilTimeout {
+        /// The queue's capacity.
+        capacity: usize,
+        /// How long the caller waited for room.
+        waited: Duration,
+    },
+    /// The offloader is shutting down and accepts no new work.
+    #[error("the offloader is shutting down and accepts no new jobs")]
+    ShuttingDown,
+    /// A worker thread was needed and could not be spawned.
+    #[error("no worker thread could be spawned to run it: {0}")]
+    ThreadSpawn(#[source] std::io::Error),
+}
+
+/// A job that was not accepted, with its function handed back unrun.
+///
+/// Returned by [`Offload::spawn`](crate::Offload::spawn); converts into
+/// [`Error`] (dropping the function) for `?`.
+pub struct SubmitError<F> {
+    reason: Rejected,
+    func: F,
+}
+
+impl<F> SubmitError<F> {
+    pub(crate) fn new(reason: Rejected, func: F) -> Self {
+        SubmitError { reason, func }
+    }
+
+    /// Why the job was refused.
+    pub fn reason(&self) -> &Rejected {
+        &self.reason
+    }
+
+    /// Takes back the function that was never run.
+    pub fn into_inner(self) -> F {
+        self.func
+    }
+
+    /// Splits into the reason and the function.
+    pub fn into_parts(self) -> (Rejected, F) {
+        (self.reason, self.func)
+    }
+}
+
+impl<F> fmt::Debug for SubmitError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubmitError")
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> fmt::Display for SubmitError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "job not accepted, the function was handed back unrun: {}", self.reason)
+    }
+}
+
+impl<F> std::error::Error for SubmitError<F> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.reason)
+    }
+}
+
+impl<F> From<SubmitError<F>> for Error {
+    fn from(e: SubmitError<F>) -> Self {
+        Error::Rejected(e.reason)
+    }
+}
+
+/// The error returned when building an [`Offloader`](crate::Offloader) with
+/// an invalid configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// `max_in_flight` was zero.
+    #[error("max_in_flight must be at least 1")]
+    ZeroInFlight,
+    /// `queue_capacity` was zero or larger than the supported maximum.
+    #[error("queue_capacity must be between 1 and {max}, got {got}")]
+    QueueCapacity {
+        /// The requested capacity.
+        got: usize,
+        /// The largest supported capacity.
+        max: usize,
+    },
+}

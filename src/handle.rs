@@ -1,0 +1,259 @@
+//! The owner handle: a future of the job's outcome that also controls it.
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Fate};
+use crate::job::{JobId, JobState, Outcome};
+use crate::offload::AbandonPolicy;
+use crate::pool::Inner;
+use crate::sync::Arc;
+
+/// The owner handle of an accepted job: a future of its outcome that can also
+/// report its state, [`cancel`](Self::cancel) it, [`stop`](Self::stop) it,
+/// and be waited on with a timeout without being consumed.
+///
+/// Returned by [`Offload::spawn`](crate::Offload::spawn). Awaiting it yields
+/// the function's value, or an [`Error`] that says what happened to the job.
+/// Await `&mut handle` to keep the handle after a timed-out wait.
+///
+/// Dropping the handle *detaches* the job, as with tokio's `JoinHandle`: the
+/// offloader still owns it, it runs to completion, its outcome is recorded
+/// in the metrics and then dropped.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use offloader::{JobState, Offloader};
+///
+/// let pool = Offloader::builder().max_in_flight(1).build()?;
+/// let (tx, rx) = std::sync::mpsc::channel::<()>();
+/// let mut job = pool
+///     .offload(move |_stop| { rx.recv().ok(); "done" })
+///     .name("download")
+///     .spawn()?;
+///
+/// // Stop waiting for a while without giving the job up.
+/// let err = job.wait_timeout(Duration::from_millis(5)).await.unwrap_err();
+/// assert!(err.is_timeout());
+/// assert!(!job.is_finished());
+///
+/// tx.send(())?;
+/// assert_eq!(job.await?, "done");
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a JobHandle detaches the job; the offloader still runs it"]
+pub struct JobHandle<T> {
+    job: Arc<dyn Outcome<T>>,
+    pool: Arc<Inner>,
+    timer: Option<Timer>,
+}
+
+/// The wait limit a handle got from [`Offload::with_timeout`](crate::Offload::with_timeout).
+struct Timer {
+    began: Instant,
+    limit: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> JobHandle<T> {
+    pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>) -> Self {
+        JobHandle {
+            job,
+            pool,
+            timer: None,
+        }
+    }
+
+    pub(crate) fn set_wait_limit(&mut self, began: Instant, limit: Duration) {
+        self.timer = Some(Timer {
+            began,
+            limit,
+            sleep: None,
+        });
+    }
+
+    pub(crate) fn clear_wait_limit(&mut self) {
+        self.timer = None;
+    }
+
+    pub(crate) fn mark_caller_waiting(&self, waiting: bool) {
+        self.job.core().set_caller_waiting(waiting);
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.job.core().id
+    }
+
+    /// The job's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.job.core().name()
+    }
+
+    /// Where the job is in its life right now.
+    pub fn state(&self) -> JobState {
+        self.job.core().state()
+    }
+
+    /// `true` once the outcome is ready: awaiting the handle will not wait.
+    pub fn is_finished(&self) -> bool {
+        self.job.is_published()
+    }
+
+    /// Cancels the job if it has not started. Returns `true` if this call
+    /// prevented the start: the function will never run and the handle
+    /// resolves to [`Error::Cancelled`].
+    ///
+    /// A job that already runs is not touched (use [`stop`](Self::stop));
+    /// `false` is returned.
+    pub fn cancel(&self) -> bool {
+        self.pool.cancel(self.job.core())
+    }
+
+    /// Requests stop through the job's [`StopToken`](crate::StopToken):
+    /// [`is_stopped`](crate::StopToken::is_stopped) turns true and
+    /// [`on_stop`](crate::StopToken::on_stop) callbacks run. Returns `true`
+    /// if this call made the request.
+    ///
+    /// A queued job that is stopped still starts, with its token already
+    /// stopped; a running one keeps its permit until the function returns.
+    pub fn stop(&self) -> bool {
+        self.pool.stop(self.job.core())
+    }
+
+    /// `true` if stop has been requested for this job.
+    pub fn is_stop_requested(&self) -> bool {
+        self.job.core().stop.is_stopped()
+    }
+
+    /// Gives up the handle; the offloader keeps running the job and records
+    /// its outcome. Same as dropping it, said out loud.
+    pub fn detach(self) {}
+
+    /// Waits at most `limit` for the outcome. On timeout returns
+    /// [`Error::TimedOut`] and the handle stays usable: the job goes on and
+    /// can be awaited again.
+    ///
+    /// # Panics
+    ///
+    /// Needs a tokio runtime with the time driver, as
+    /// `tokio::time::timeout` does.
+    pub async fn wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
+        let began = Instant::now();
+        let job = &self.job;
+        match tokio::time::timeout(limit, poll_fn(|cx| job.poll_outcome(cx))).await {
+            Ok(outcome) => outcome,
+            Err(_) => self.timed_out(began.elapsed(), Fate::KeptRunning),
+        }
+    }
+
+    /// Blocks the current thread until the outcome is ready, for synchronous
+    /// callers. Do not call it on an async runtime's worker thread.
+    pub fn blocking_wait(self) -> Result<T, Error> {
+        match self.job.wait_outcome(None) {
+            Some(outcome) => outcome,
+            None => Err(Error::OutcomeTaken { id: self.id() }),
+        }
+    }
+
+    /// Blocks at most `limit` for the outcome; on timeout returns
+    /// [`Error::TimedOut`] and the handle stays usable.
+    pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
+        let began = Instant::now();
+        match self.job.wait_outcome(began.checked_add(limit)) {
+            Some(outcome) => outcome,
+            None => self.timed_out(began.elapsed(), Fate::KeptRunning),
+        }
+    }
+
+    /// The outcome if it is ready now, without waiting.
+    pub(crate) fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
+        self.job.poll_outcome(cx)
+    }
+
+    /// The outcome once a wait has run out, if it was published meanwhile;
+    /// otherwise the time-out error.
+    pub(crate) fn timed_out(&self, waited: Duration, fate: Fate) -> Result<T, Error> {
+        let state = self.state();
+        if self.is_finished() {
+            if let Some(outcome) = self.job.wait_outcome(Some(Instant::now())) {
+                return outcome;
+            }
+        }
+        Err(Error::TimedOut {
+            id: self.id(),
+            waited,
+            state,
+            fate,
+        })
+    }
+
+    /// Applies `policy` because the awaiting caller stopped waiting.
+    pub(crate) fn abandon(&self, policy: AbandonPolicy) -> Fate {
+        let core = self.job.core();
+        if self.is_finished() {
+            return Fate::AlreadyFinished;
+        }
+        self.pool.caller_left(core);
+        let fate = match policy {
+            AbandonPolicy::Keep => Fate::KeptRunning,
+            AbandonPolicy::CancelIfQueued if self.cancel() => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelIfQueued => Fate::KeptRunning,
+            AbandonPolicy::CancelAndStop if self.cancel() => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelAndStop => {
+                self.stop();
+                Fate::StopRequested
+            }
+        };
+        let state = self.state();
+        if fate == Fate::KeptRunning && state == JobState::Running {
+            tracing::warn!(
+                parent: &core.span,
+                "caller stopped waiting; the job keeps running and holds its permit until it returns"
+            );
+        } else {
+            tracing::debug!(parent: &core.span, %state, %fate, "caller stopped waiting");
+        }
+        fate
+    }
+}
+
+impl<T> Future for JobHandle<T> {
+    type Output = Result<T, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Poll::Ready(outcome) = self.job.poll_outcome(cx) {
+            self.timer = None;
+            return Poll::Ready(outcome);
+        }
+        let Some(timer) = &mut self.timer else {
+            return Poll::Pending;
+        };
+        let deadline = timer.began + timer.limit;
+        let sleep = timer
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.into())));
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        // The limit is spent; later awaits wait without one.
+        let waited = timer.began.elapsed();
+        self.timer = None;
+        Poll::Ready(self.timed_out(waited, Fate::KeptRunning))
+    }
+}
+
+impl<T> fmt::Debug for JobHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobHandle")
+            .field("id", &self.id())
+            .field("name", &self.name())
+            .field("state", &self.state())
+            .finish()
+    }
+}

@@ -1,0 +1,73 @@
+//! One consistent snapshot of what the offloader has done.
+//!
+//! Every counter lives in the pool's shared state and changes under the same
+//! lock as the job transition it counts, and a snapshot is copied under that
+//! lock. So `accepted = queued + running + terminal` holds exactly in every
+//! snapshot, not approximately.
+
+use std::time::Duration;
+
+/// A consistent snapshot of an [`Offloader`](crate::Offloader)'s counters,
+/// from [`Offloader::metrics`](crate::Offloader::metrics).
+///
+/// ```
+/// let pool = offloader::Offloader::builder().build().unwrap();
+/// let m = pool.metrics();
+/// assert_eq!(m.accepted, m.queued + m.running + m.terminal());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metrics {
+    /// Jobs accepted since the offloader was built.
+    pub accepted: u64,
+    /// Jobs refused because the queue was full.
+    pub rejected_full: u64,
+    /// Jobs refused because the offloader was shutting down.
+    pub rejected_shutdown: u64,
+    /// Jobs refused because no worker thread could be spawned.
+    pub rejected_spawn: u64,
+    /// Accepted jobs waiting in the queue now.
+    pub queued: u64,
+    /// Functions running now (permits held).
+    pub running: u64,
+    /// Terminal: the function returned.
+    pub completed: u64,
+    /// Terminal: the function panicked.
+    pub panicked: u64,
+    /// Terminal: cancelled while queued; never ran.
+    pub cancelled: u64,
+    /// Terminal: handed back unstarted by an immediate shutdown.
+    pub unstarted: u64,
+    /// Callers that stopped waiting (timeout or drop) before the outcome.
+    pub callers_left: u64,
+    /// Of those, jobs that were running when their caller left.
+    pub running_after_caller_left: u64,
+    /// Stop requests that took effect (first request per job).
+    pub stop_requests: u64,
+    /// The most functions ever running at the same instant.
+    pub max_running: u64,
+    /// Worker threads alive now.
+    pub workers: u64,
+    /// Total time accepted jobs spent queued before they started.
+    pub queue_wait_total: Duration,
+    /// Total time functions spent running, over finished jobs.
+    pub run_time_total: Duration,
+}
+
+impl Metrics {
+    /// Jobs in a terminal state: completed, panicked, cancelled or unstarted.
+    pub fn terminal(&self) -> u64 {
+        self.completed + self.panicked + self.cancelled + self.unstarted
+    }
+
+    /// Jobs refused for any reason.
+    pub fn rejected(&self) -> u64 {
+        self.rejected_full + self.rejected_shutdown + self.rejected_spawn
+    }
+
+    /// `true` if `accepted = queued + running + terminal` holds. It always
+    /// does; tests assert it.
+    pub fn ledger_balances(&self) -> bool {
+        self.accepted == self.queued + self.running + self.terminal()
+    }
+}

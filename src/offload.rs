@@ -1,0 +1,396 @@
+//! `offload(f)`: the per-call builder, and the future that awaits a job
+//! directly and applies the abandon policy when its caller stops waiting.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
+
+use crate::error::{Error, Rejected, SubmitError};
+use crate::handle::JobHandle;
+use crate::job::{Job, JobCore};
+use crate::pool::Offloader;
+use crate::stop::StopToken;
+use crate::sync::Arc;
+
+/// What happens to a job when the caller awaiting it stops waiting (its
+/// [`with_timeout`](Offload::with_timeout) passes or its future is dropped)
+/// before the job finished.
+///
+/// Waiting is not owning: whatever the policy, the permit stays held until
+/// the function really returns. Set on the
+/// [`Builder`](crate::Builder::abandon_policy), overridable per call with
+/// [`Offload::on_abandon`]. Applies to a directly awaited offload; an owner
+/// [`JobHandle`] that is dropped always detaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AbandonPolicy {
+    /// The job goes on: a queued job still runs, a running one runs to
+    /// completion; its outcome is recorded in the metrics.
+    #[default]
+    Keep,
+    /// A queued job is cancelled and never runs; a running one goes on.
+    CancelIfQueued,
+    /// A queued job is cancelled; a running one gets its stop token set
+    /// (and keeps its permit until the function returns).
+    CancelAndStop,
+}
+
+/// One blocking function on its way into an [`Offloader`]: set a name, a
+/// timeout, a deadline or an abandon policy, then either `.await` it or
+/// [`spawn`](Self::spawn) it for an owner handle.
+///
+/// Created by [`Offloader::offload`] or the free function
+/// [`offload`](crate::offload()).
+///
+/// Awaiting waits for room in the queue if it is full, then for the outcome.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use offloader::{AbandonPolicy, Offloader};
+///
+/// let pool = Offloader::builder().max_in_flight(2).build()?;
+/// let len = pool
+///     .offload(|_stop| std::fs::read_dir(".").map(|d| d.count()))
+///     .name("list")
+///     .with_timeout(Duration::from_secs(5))
+///     .on_abandon(AbandonPolicy::CancelAndStop)
+///     .await??;
+/// assert!(len > 0);
+/// # Ok(()) }
+/// ```
+#[must_use = "an offload does nothing until it is awaited or spawned"]
+pub struct Offload<F, T> {
+    pool: Offloader,
+    func: F,
+    name: Option<Box<str>>,
+    timeout: Option<Duration>,
+    deadline: Option<Instant>,
+    policy: Option<AbandonPolicy>,
+    _result: PhantomData<fn() -> T>,
+}
+
+impl<F, T> Offload<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    pub(crate) fn new(pool: Offloader, func: F) -> Self {
+        Offload {
+            pool,
+            func,
+            name: None,
+            timeout: None,
+            deadline: None,
+            policy: None,
+            _result: PhantomData,
+        }
+    }
+
+    /// Names the job, for tracing spans, errors and reports.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into().into_boxed_str());
+        self
+    }
+
+    /// Bounds how long the caller waits for the outcome, counted from when
+    /// the future is created (waiting for queue room included).
+    ///
+    /// When it passes, the wait ends with [`Error::TimedOut`] and the job
+    /// follows the abandon policy. The function sees the resulting instant
+    /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed handle
+    /// it bounds the handle's first await.
+    ///
+    /// Needs a tokio runtime with the time driver when awaited.
+    pub fn with_timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
+    /// A deadline for the job itself, shown to the function as
+    /// [`StopToken::deadline`] (the earlier of this and the caller's
+    /// timeout). Advisory: the function decides what to do with it.
+    pub fn deadline(mut self, at: Instant) -> Self {
+        self.deadline = Some(at);
+        self
+    }
+
+    /// Overrides the pool's [`AbandonPolicy`] for this call.
+    pub fn on_abandon(mut self, policy: AbandonPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Submits the job without waiting and returns its owner handle.
+    ///
+    /// Fails at once, handing the function back, if the queue is full, the
+    /// offloader is shutting down, or no worker thread could be spawned.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = offloader::Offloader::builder().build()?;
+    /// let job = pool.offload(|_stop| 1 + 1).name("sum").spawn()?;
+    /// assert_eq!(job.name(), Some("sum"));
+    /// assert_eq!(job.await?, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn(self) -> Result<JobHandle<T>, SubmitError<F>> {
+        let began = Instant::now();
+        let room = match self.pool.inner().room.clone().try_acquire_owned() {
+            Ok(room) => room,
+            Err(e) => {
+                let reason = self.refusal(e);
+                return Err(SubmitError::new(reason, self.func));
+            }
+        };
+        self.submit(room, began)
+    }
+
+    fn refusal(&self, e: TryAcquireError) -> Rejected {
+        let inner = self.pool.inner();
+        match e {
+            TryAcquireError::NoPermits => {
+                inner.count_rejected_full();
+                Rejected::Full {
+                    capacity: inner.config.queue_capacity,
+                }
+            }
+            // Closed only by shutdown; `enqueue` counts that refusal.
+            TryAcquireError::Closed => Rejected::ShuttingDown,
+        }
+    }
+
+    fn submit(
+        self,
+        room: OwnedSemaphorePermit,
+        began: Instant,
+    ) -> Result<JobHandle<T>, SubmitError<F>> {
+        let inner = self.pool.inner();
+        let wait_until = self.timeout.and_then(|t| began.checked_add(t));
+        let deadline = match (wait_until, self.deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let core = JobCore::new(inner.next_id(), self.name, StopToken::with_deadline(deadline));
+        let job = Arc::new(Job::new(core, self.func));
+        inner.submit(room, job.clone())?;
+        let mut handle = JobHandle::new(job, inner.clone());
+        if let Some(limit) = self.timeout {
+            handle.set_wait_limit(began, limit);
+        }
+        Ok(handle)
+    }
+}
+
+impl<F, T> fmt::Debug for Offload<F, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Offload")
+            .field("name", &self.name)
+            .field("timeout", &self.timeout)
+            .field("deadline", &self.deadline)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, T> IntoFuture for Offload<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = Result<T, Error>;
+    type IntoFuture = OffloadFuture<F, T>;
+
+    fn into_future(self) -> OffloadFuture<F, T> {
+        let began = Instant::now();
+        let policy = self
+            .policy
+            .unwrap_or(self.pool.inner().config.abandon);
+        OffloadFuture {
+            began,
+            limit: self.timeout,
+            policy,
+            stage: Stage::Admit {
+                offload: Some(self),
+                acquire: None,
+            },
+            timer: None,
+        }
+    }
+}
+
+type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+
+enum Stage<F, T> {
+    /// Not yet accepted: waiting for room in the queue.
+    Admit {
+        offload: Option<Offload<F, T>>,
+        acquire: Option<Acquire>,
+    },
+    /// Accepted; waiting for the outcome.
+    Wait(JobHandle<T>),
+    /// The outcome (or an error) was returned, or the caller left.
+    Done,
+}
+
+pin_project_lite::pin_project! {
+    /// The future of a directly awaited [`Offload`]: waits for room, then for
+    /// the outcome, within the caller's timeout.
+    ///
+    /// If the wait ends early (time-out, or this future is dropped) the job
+    /// follows its [`AbandonPolicy`]; the permit stays held until the
+    /// function really returns.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct OffloadFuture<F, T> {
+        began: Instant,
+        limit: Option<Duration>,
+        policy: AbandonPolicy,
+        stage: Stage<F, T>,
+        #[pin]
+        timer: Option<tokio::time::Sleep>,
+    }
+
+    impl<F, T> PinnedDrop for OffloadFuture<F, T> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Stage::Wait(handle) = &*this.stage {
+                handle.abandon(*this.policy);
+            }
+        }
+    }
+}
+
+impl<F, T> OffloadFuture<F, T> {
+    /// The id of the job, once it has been accepted.
+    pub fn job_id(&self) -> Option<crate::JobId> {
+        match &self.stage {
+            Stage::Wait(h) => Some(h.id()),
+            _ => None,
+        }
+    }
+}
+
+impl<F, T> Future for OffloadFuture<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.stage {
+                Stage::Admit { offload, acquire } => {
+                    let room = match acquire {
+                        None => {
+                            let Some(o) = offload.as_ref() else {
+                                *this.stage = Stage::Done;
+                                continue;
+                            };
+                            match o.pool.inner().room.clone().try_acquire_owned() {
+                                Ok(room) => room,
+                                Err(TryAcquireError::Closed) => {
+                                    *this.stage = Stage::Done;
+                                    return Poll::Ready(Err(Rejected::ShuttingDown.into()));
+                                }
+                                Err(TryAcquireError::NoPermits) => {
+                                    let sem = o.pool.inner().room.clone();
+                                    *acquire = Some(Box::pin(sem.acquire_owned()));
+                                    continue;
+                                }
+                            }
+                        }
+                        Some(fut) => match fut.as_mut().poll(cx) {
+                            Poll::Ready(Ok(room)) => room,
+                            Poll::Ready(Err(_closed)) => {
+                                *this.stage = Stage::Done;
+                                return Poll::Ready(Err(Rejected::ShuttingDown.into()));
+                            }
+                            Poll::Pending => {
+                                if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
+                                    return Poll::Pending;
+                                }
+                                let capacity = offload
+                                    .as_ref()
+                                    .map(|o| {
+                                        let inner = o.pool.inner();
+                                        inner.count_rejected_full();
+                                        inner.config.queue_capacity
+                                    })
+                                    .unwrap_or_default();
+                                *this.stage = Stage::Done;
+                                return Poll::Ready(Err(Rejected::FullUntilTimeout {
+                                    capacity,
+                                    waited: this.began.elapsed(),
+                                }
+                                .into()));
+                            }
+                        },
+                    };
+                    let Some(o) = offload.take() else {
+                        *this.stage = Stage::Done;
+                        continue;
+                    };
+                    match o.submit(room, *this.began) {
+                        Ok(mut handle) => {
+                            handle.clear_wait_limit();
+                            handle.mark_caller_waiting(true);
+                            *this.stage = Stage::Wait(handle);
+                        }
+                        Err(e) => {
+                            *this.stage = Stage::Done;
+                            return Poll::Ready(Err(e.into()));
+                        }
+                    }
+                }
+                Stage::Wait(handle) => {
+                    if let Poll::Ready(outcome) = handle.poll_outcome(cx) {
+                        handle.mark_caller_waiting(false);
+                        *this.stage = Stage::Done;
+                        return Poll::Ready(outcome);
+                    }
+                    if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
+                        return Poll::Pending;
+                    }
+                    handle.mark_caller_waiting(false);
+                    let fate = handle.abandon(*this.policy);
+                    let out = handle.timed_out(this.began.elapsed(), fate);
+                    *this.stage = Stage::Done;
+                    return Poll::Ready(out);
+                }
+                // Polling a finished future is a caller bug, reported as an
+                // error rather than a panic.
+                Stage::Done => return Poll::Ready(Err(Error::PolledAfterCompletion)),
+            }
+        }
+    }
+}
+
+/// Polls the caller's timer, creating it on first use; `true` once the
+/// limit has passed. Without a limit, never fires.
+fn poll_timer(
+    mut timer: Pin<&mut Option<tokio::time::Sleep>>,
+    began: Instant,
+    limit: Option<Duration>,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(limit) = limit else {
+        return false;
+    };
+    if timer.is_none() {
+        let at = began.checked_add(limit).unwrap_or(began + Duration::from_secs(86_400 * 365));
+        timer.set(Some(tokio::time::sleep_until(at.into())));
+    }
+    match timer.as_pin_mut() {
+        Some(sleep) => sleep.poll(cx).is_ready(),
+        None => false,
+    }
+}

@@ -1,0 +1,376 @@
+//! The cooperative stop signal handed into every offloaded function.
+//!
+//! # Invariants
+//!
+//! 1. `is_stopped()` is one atomic load; no lock sits behind the flag.
+//! 2. The flag goes from `false` to `true` once and never back; the thread
+//!    whose swap flips it is the only one that fires the callbacks.
+//! 3. Every callback registered with [`StopToken::on_stop`] runs at most once,
+//!    and exactly once if stop is requested while its guard is alive: either
+//!    the registering thread sees the flag already set (under the lock) and
+//!    runs it at once, or the callback is in the list when the stopping
+//!    thread drains it under the same lock.
+//! 4. No callback runs while the token's lock is held, and dropping a
+//!    [`StopCallback`] guard waits for its callback if another thread is
+//!    running it right now, so after the drop the callback is neither running
+//!    nor will it ever run.
+//! 5. A sleeper in [`StopToken::sleep`] checks the flag under the lock and the
+//!    stopping thread notifies under the same lock, so no wake-up is lost.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use crate::sync::{lock, thread, Arc, AtomicBool, Condvar, Mutex, Ordering};
+
+/// A cooperative stop request, handed into every offloaded function.
+///
+/// The function checks it at safe points ([`is_stopped`](Self::is_stopped),
+/// [`check`](Self::check)), sleeps on it ([`sleep`](Self::sleep)), reads the
+/// caller's deadline ([`deadline`](Self::deadline),
+/// [`remaining`](Self::remaining)), and registers callbacks that abort an
+/// SDK's own blocking I/O ([`on_stop`](Self::on_stop)).
+///
+/// Stop is a *request*, never a kill switch: a function that ignores it keeps
+/// running, and keeps its permit, until it returns.
+///
+/// Stop is requested by [`JobHandle::stop`](crate::JobHandle::stop), by
+/// [`JobHandle::cancel`](crate::JobHandle::cancel) on a running job, or by the
+/// [`AbandonPolicy::CancelAndStop`](crate::AbandonPolicy::CancelAndStop)
+/// policy when the caller stops waiting.
+///
+/// The token is cheap to clone (one reference count) and `Send + Sync`, so
+/// it can be moved into a helper thread or a callback.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use offloader::{Offloader, Stopped};
+///
+/// let pool = Offloader::builder().max_in_flight(1).build()?;
+/// let job = pool
+///     .offload(|stop| -> Result<u32, Stopped> {
+///         let mut rounds = 0;
+///         loop {
+///             stop.check()?; // returns Err(Stopped) once stop is requested
+///             rounds += 1;
+///             stop.sleep(std::time::Duration::from_millis(1))?;
+///         }
+///     })
+///     .spawn()?;
+/// job.stop();
+/// assert!(job.await?.is_err());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct StopToken {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    stopped: AtomicBool,
+    deadline: Option<Instant>,
+    callbacks: Mutex<Callbacks>,
+    changed: Condvar,
+}
+
+type Callback = Box<dyn FnOnce() + Send + 'static>;
+
+struct Callbacks {
+    next_key: u64,
+    pending: Vec<(u64, Callback)>,
+    /// The callback being run by the stopping thread right now, if any.
+    running: Option<(u64, thread::ThreadId)>,
+}
+
+/// The error a function returns when it notices that stop was requested.
+///
+/// Produced by [`StopToken::check`] and [`StopToken::sleep`]; it converts
+/// into [`std::io::Error`] (kind `Interrupted`) so that `?` works in functions
+/// that return `io::Result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("stop was requested for this job; the function gave up cooperatively")]
+pub struct Stopped;
+
+impl From<Stopped> for std::io::Error {
+    fn from(e: Stopped) -> Self {
+        std::io::Error::new(std::io::ErrorKind::Interrupted, e)
+    }
+}
+
+impl StopToken {
+    /// Creates a token that is not stopped and has no deadline.
+    ///
+    /// The offloader makes one per job; this constructor is for calling a
+    /// stop-aware function directly, in tests or outside the pool.
+    ///
+    /// ```
+    /// let stop = offloader::StopToken::new();
+    /// assert!(!stop.is_stopped());
+    /// assert!(stop.request_stop());
+    /// assert!(stop.is_stopped());
+    /// ```
+    pub fn new() -> Self {
+        Self::with_deadline(None)
+    }
+
+    pub(crate) fn with_deadline(deadline: Option<Instant>) -> Self {
+        StopToken {
+            inner: Arc::new(Inner {
+                stopped: AtomicBool::new(false),
+                deadline,
+                callbacks: Mutex::new(Callbacks {
+                    next_key: 0,
+                    pending: Vec::new(),
+                    running: None,
+                }),
+                changed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// Returns `true` once stop has been requested. One atomic load.
+    pub fn is_stopped(&self) -> bool {
+        // ORDERING: Acquire pairs with the AcqRel swap in `request_stop`, so a
+        // function that sees `true` also sees what the stopper wrote before.
+        self.inner.stopped.load(Ordering::Acquire)
+    }
+
+    /// Returns `Err(Stopped)` once stop has been requested, for `?`.
+    ///
+    /// ```
+    /// fn work(stop: &offloader::StopToken) -> Result<(), offloader::Stopped> {
+    ///     for _chunk in 0..3 {
+    ///         stop.check()?;
+    ///     }
+    ///     Ok(())
+    /// }
+    /// let stop = offloader::StopToken::new();
+    /// assert!(work(&stop).is_ok());
+    /// stop.request_stop();
+    /// assert_eq!(work(&stop), Err(offloader::Stopped));
+    /// ```
+    pub fn check(&self) -> Result<(), Stopped> {
+        if self.is_stopped() {
+            Err(Stopped)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The instant after which nobody waits for this job's result, if one
+    /// applies: the caller's [`with_timeout`](crate::Offload::with_timeout)
+    /// or the job's own [`deadline`](crate::Offload::deadline), whichever is
+    /// earlier.
+    ///
+    /// Passing the deadline does not stop the job by itself (what happens to
+    /// an abandoned job is the abandon policy's business); it tells the
+    /// function how long its answer is still useful, for example to set a
+    /// socket's read timeout.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.inner.deadline
+    }
+
+    /// Time left until [`deadline`](Self::deadline), saturating at zero;
+    /// `None` when no deadline applies.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.inner
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Sleeps for `duration`, waking early if stop is requested.
+    ///
+    /// Returns `Err(Stopped)` if stop was requested before or during the
+    /// sleep, `Ok(())` if the full duration passed.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// let stop = offloader::StopToken::new();
+    /// let remote = stop.clone();
+    /// std::thread::spawn(move || remote.request_stop());
+    /// let t = Instant::now();
+    /// assert!(stop.sleep(Duration::from_secs(60)).is_err());
+    /// assert!(t.elapsed() < Duration::from_secs(60));
+    /// ```
+    pub fn sleep(&self, duration: Duration) -> Result<(), Stopped> {
+        match Instant::now().checked_add(duration) {
+            Some(until) => self.sleep_until(until),
+            None => self.wait_for_stop(None),
+        }
+    }
+
+    /// Sleeps until `instant`, waking early if stop is requested.
+    pub fn sleep_until(&self, instant: Instant) -> Result<(), Stopped> {
+        self.wait_for_stop(Some(instant))
+    }
+
+    fn wait_for_stop(&self, until: Option<Instant>) -> Result<(), Stopped> {
+        let mut guard = lock(&self.inner.callbacks);
+        loop {
+            // Checked under the lock; `request_stop` notifies under it (inv. 5).
+            self.check()?;
+            let now = Instant::now();
+            let wait = match until {
+                Some(until) if now >= until => return Ok(()),
+                Some(until) => until - now,
+                None => Duration::from_secs(3600),
+            };
+            guard = match self.inner.changed.wait_timeout(guard, wait) {
+                Ok((g, _)) => g,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// Requests stop. Returns `true` if this call made the request, `false`
+    /// if stop had already been requested.
+    ///
+    /// The thread that makes the request runs the registered
+    /// [`on_stop`](Self::on_stop) callbacks before this returns. A callback
+    /// that panics is caught and logged; the others still run.
+    pub fn request_stop(&self) -> bool {
+        // ORDERING: AcqRel so that exactly one caller wins (inv. 2) and
+        // publishes its writes to `is_stopped` readers.
+        if self.inner.stopped.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let mut guard = lock(&self.inner.callbacks);
+        self.inner.changed.notify_all();
+        while let Some((key, callback)) = guard.pending.pop() {
+            guard.running = Some((key, thread::current().id()));
+            drop(guard);
+            run_callback(callback);
+            guard = lock(&self.inner.callbacks);
+            guard.running = None;
+            self.inner.changed.notify_all();
+        }
+        true
+    }
+
+    /// Registers `callback` to run once when stop is requested, or at once
+    /// (on this thread) if it already was.
+    ///
+    /// Use it to abort an SDK's own blocking I/O: interrupt a database
+    /// connection, shut down a socket. The callback runs on the thread that
+    /// requests stop, so keep it short and non-blocking.
+    ///
+    /// The returned guard unregisters the callback when dropped; if the
+    /// callback is running on another thread at that moment, the drop waits
+    /// for it to finish. So once the guard is gone the callback cannot touch
+    /// a connection that the function has moved on to use for something
+    /// else. Keep the guard alive for as long as the call it protects runs.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let stop = offloader::StopToken::new();
+    /// let fired = Arc::new(AtomicUsize::new(0));
+    /// let f = fired.clone();
+    /// let guard = stop.on_stop(move || {
+    ///     f.fetch_add(1, Ordering::SeqCst);
+    /// });
+    /// stop.request_stop();
+    /// stop.request_stop();
+    /// assert_eq!(fired.load(Ordering::SeqCst), 1);
+    /// drop(guard);
+    /// ```
+    pub fn on_stop<F>(&self, callback: F) -> StopCallback
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let mut guard = lock(&self.inner.callbacks);
+        // Read under the lock (inv. 3): if false here, `request_stop` has not
+        // drained the list yet and will find this callback in it.
+        if self.is_stopped() {
+            drop(guard);
+            run_callback(Box::new(callback));
+            return StopCallback { registration: None };
+        }
+        let key = guard.next_key;
+        guard.next_key += 1;
+        guard.pending.push((key, Box::new(callback)));
+        StopCallback {
+            registration: Some((self.clone(), key)),
+        }
+    }
+}
+
+fn run_callback(callback: Callback) {
+    if catch_unwind(AssertUnwindSafe(callback)).is_err() {
+        tracing::warn!("a stop callback panicked; the panic was caught and the other callbacks still ran");
+    }
+}
+
+impl Default for StopToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for StopToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopToken")
+            .field("stopped", &self.is_stopped())
+            .field("deadline", &self.inner.deadline)
+            .finish()
+    }
+}
+
+/// Guard returned by [`StopToken::on_stop`]; dropping it unregisters the
+/// callback.
+///
+/// After the drop returns, the callback is neither running nor will it run:
+/// if another thread is running it at that moment, the drop waits for it.
+#[must_use = "dropping the guard unregisters the callback at once"]
+pub struct StopCallback {
+    registration: Option<(StopToken, u64)>,
+}
+
+impl StopCallback {
+    /// Returns `true` if the callback is still waiting for a stop request.
+    pub fn is_registered(&self) -> bool {
+        match &self.registration {
+            Some((token, key)) => lock(&token.inner.callbacks)
+                .pending
+                .iter()
+                .any(|(k, _)| k == key),
+            None => false,
+        }
+    }
+}
+
+impl Drop for StopCallback {
+    fn drop(&mut self) {
+        let Some((token, key)) = self.registration.take() else {
+            return;
+        };
+        let me = thread::current().id();
+        let mut guard = lock(&token.inner.callbacks);
+        if let Some(i) = guard.pending.iter().position(|(k, _)| *k == key) {
+            let (_, callback) = guard.pending.swap_remove(i);
+            drop(guard);
+            // Dropped outside the lock: it is user code.
+            drop(callback);
+            return;
+        }
+        // Inv. 4: wait while another thread runs this very callback.
+        while matches!(guard.running, Some((k, t)) if k == key && t != me) {
+            guard = match token.inner.changed.wait(guard) {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+        }
+    }
+}
+
+impl fmt::Debug for StopCallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopCallback")
+            .field("registered", &self.is_registered())
+            .finish()
+    }
+}

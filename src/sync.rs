@@ -1,0 +1,33 @@
+//! The one place that chooses between `std` and `loom` synchronisation types.
+//!
+//! Everything whose interleavings the loom models explore (job states, the
+//! pool's shared state, result slots, stop tokens) imports from here. Plain
+//! metric counters that are not part of any proof stay on `std` atomics so
+//! they do not blow up the models' state space.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+#[cfg(loom)]
+pub(crate) use loom::thread;
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::thread;
+
+/// Locks `m`, recovering the guard if a previous holder panicked.
+///
+/// No code of ours panics while holding one of these locks (user code is
+/// never run under them), so a poisoned lock only means a thread died
+/// elsewhere; the protected data is still consistent. Treating poison as an
+/// error would turn one unrelated panic into a failure for every later caller.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

@@ -8,16 +8,22 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread;
+
+/// `std`'s `Arc` in both builds: jobs are shared as `Arc<dyn Task>` and the
+/// pool as `self: &Arc<Self>`, neither of which loom's `Arc` supports
+/// (unsized coercion and arbitrary self types are unstable). Reference
+/// counts are not what the models check; the states behind them are.
+pub(crate) use std::sync::Arc;
 
 /// Locks `m`, recovering the guard if a previous holder panicked.
 ///

@@ -1,0 +1,157 @@
+//! Loom models of the state machines the invariants rest on.
+//!
+//! Run with `RUSTFLAGS="--cfg loom" cargo test --lib --release loom`
+//! (`.ci/run` does, with `LOOM_MAX_PREEMPTIONS=2`). Each model names the
+//! invariant of `DESIGN.md` (and of the module docs) it covers:
+//!
+//! | model | covers |
+//! |---|---|
+//! | `start_vs_cancel` | DESIGN 3; job.rs inv. 1–2; pool.rs inv. 2: exactly one of start and cancel wins, a cancelled job never runs |
+//! | `completion_vs_blocking_waiter`, `completion_vs_async_waiter` | job.rs inv. 3: no lost wake-up between publishing an outcome and registering a waiter |
+//! | `permit_released_before_outcome` | DESIGN 1; job.rs inv. 4; pool.rs inv. 1: the permit is held while the function runs, released before the owner sees the outcome, and the limit holds with a detached predecessor |
+//! | `stop_callback_vs_request` | stop.rs inv. 2–3: a callback registered while stop fires runs exactly once |
+//! | `stop_callback_drop_vs_request` | stop.rs inv. 4: after the guard's drop the callback is not running and never runs |
+
+use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::{Error, Offloader};
+
+fn pool(max_in_flight: usize) -> Offloader {
+    match Offloader::builder().max_in_flight(max_in_flight).build() {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn start_vs_cancel() {
+    loom::model(|| {
+        let pool = pool(1);
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let job = pool
+            .offload(move |_| r.store(true, Ordering::SeqCst))
+            .spawn()
+            .expect("accepted");
+        let job = Arc::new(job);
+        let canceller = {
+            let job = job.clone();
+            thread::spawn(move || job.cancel())
+        };
+        let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
+        let cancelled = canceller.join().unwrap();
+        let ran = ran.load(Ordering::SeqCst);
+        match outcome {
+            Ok(()) => assert!(ran && !cancelled, "ran={ran} cancelled={cancelled}"),
+            Err(Error::Cancelled { .. }) => assert!(!ran && cancelled),
+            Err(e) => panic!("unexpected outcome {e}"),
+        }
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.completed + m.cancelled, 1);
+        drop(pool);
+    });
+}
+
+#[test]
+fn completion_vs_blocking_waiter() {
+    loom::model(|| {
+        let pool = pool(1);
+        let job = pool.offload(|_| 7).spawn().expect("accepted");
+        assert_eq!(job.blocking_wait().ok(), Some(7));
+        drop(pool);
+    });
+}
+
+#[test]
+fn completion_vs_async_waiter() {
+    loom::model(|| {
+        let pool = pool(1);
+        let job = pool.offload(|_| 7).spawn().expect("accepted");
+        assert_eq!(loom::future::block_on(job).ok(), Some(7));
+        drop(pool);
+    });
+}
+
+#[test]
+fn permit_released_before_outcome() {
+    loom::model(|| {
+        let pool = pool(1);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let max_seen = std::sync::Arc::new(StdAtomicUsize::new(0));
+        let work = |in_flight: Arc<AtomicUsize>, max_seen: std::sync::Arc<StdAtomicUsize>| {
+            move |_: &crate::StopToken| {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                max_seen.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
+        // The first job's owner walks away (detaches); the second must still
+        // wait for the first function to return.
+        pool.offload(work(in_flight.clone(), max_seen.clone()))
+            .spawn()
+            .expect("accepted")
+            .detach();
+        let second = pool
+            .offload(work(in_flight.clone(), max_seen.clone()))
+            .spawn()
+            .expect("accepted");
+        second.blocking_wait().expect("completed");
+        // The permit is released before the outcome is published.
+        let m = pool.metrics();
+        assert!(m.max_running <= 1);
+        assert!(m.ledger_balances());
+        assert_eq!(max_seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The second job's permit is back; only the first may still run.
+        assert!(m.running <= 1);
+        assert!(m.completed >= 1);
+        drop(pool);
+    });
+}
+
+#[test]
+fn stop_callback_vs_request() {
+    loom::model(|| {
+        let stop = crate::StopToken::new();
+        let fired = Arc::new(AtomicUsize::new(0));
+        let stopper = {
+            let stop = stop.clone();
+            thread::spawn(move || stop.request_stop())
+        };
+        let f = fired.clone();
+        let guard = stop.on_stop(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(stopper.join().unwrap());
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        drop(guard);
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn stop_callback_drop_vs_request() {
+    loom::model(|| {
+        let stop = crate::StopToken::new();
+        // 0: not run, 1: running, 2: finished.
+        let phase = Arc::new(AtomicUsize::new(0));
+        let p = phase.clone();
+        let guard = stop.on_stop(move || {
+            p.store(1, Ordering::SeqCst);
+            p.store(2, Ordering::SeqCst);
+        });
+        let stopper = {
+            let stop = stop.clone();
+            thread::spawn(move || stop.request_stop())
+        };
+        drop(guard);
+        let after_drop = phase.load(Ordering::SeqCst);
+        assert_ne!(after_drop, 1, "callback still running after its guard was dropped");
+        stopper.join().unwrap();
+        assert_eq!(phase.load(Ordering::SeqCst), after_drop, "callback ran after its guard was dropped");
+    });
+}

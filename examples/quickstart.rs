@@ -44,7 +44,9 @@ const LIMIT: usize = 1;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("Limit: {LIMIT} blocking function at a time; callers wait at most {CALLER_TIMEOUT:?}.\n");
+    println!(
+        "Limit: {LIMIT} blocking function at a time; callers wait at most {CALLER_TIMEOUT:?}.\n"
+    );
 
     println!("(a) tokio::sync::Semaphore({LIMIT}) + spawn_blocking + tokio::time::timeout");
     let naive = naive_semaphore().await?;
@@ -77,15 +79,15 @@ async fn naive_semaphore() -> Result<usize, Box<dyn std::error::Error>> {
         Ok::<_, Box<dyn std::error::Error>>(())
     })
     .await;
-    match waited {
-        Err(elapsed) => println!("  caller A: {elapsed}; its permit was dropped with its future"),
-        Ok(_) => return Err("caller A was expected to time out".into()),
-    }
+    let elapsed = waited.err().ok_or("caller A was expected to time out")?;
     log.expect(Step::Started("work_a")).await?;
-    println!(
-        "  semaphore permits available: {}, yet work_a is still running",
+    log.say(format!(
+        "caller A: timeout says \"{elapsed}\"; its permit guard was dropped with its future"
+    ));
+    log.say(format!(
+        "semaphore permits free: {}, yet work_a is still running",
         semaphore.available_permits()
-    );
+    ));
 
     // Caller B: the permit is free, so work_b starts while work_a is held.
     let p = probe.clone();
@@ -121,8 +123,8 @@ async fn with_offloader() -> Result<usize, Box<dyn std::error::Error>> {
     if !err.is_timeout() {
         return Err(format!("caller A: expected a timeout, got: {err}").into());
     }
-    println!("  caller A: {err}");
     log.expect(Step::Started("work_a")).await?;
+    log.say(format!("caller A: {err}"));
 
     // Caller B: offload work_b and keep the owner handle.
     let p = probe.clone();
@@ -136,13 +138,15 @@ async fn with_offloader() -> Result<usize, Box<dyn std::error::Error>> {
         .await
         .err()
         .ok_or("work_b finished while work_a still held the only permit")?;
-    println!("  caller B: {still_waiting}");
+    log.say(format!("caller B: {still_waiting}"));
     log.expect_nothing()?;
+    log.say("work_b has not started: work_a still holds the only permit");
     let m = pool.metrics();
-    println!(
-        "  metrics while work_a is held: running {}, queued {}, callers_left {}, running_after_caller_left {}",
+    log.say(format!(
+        "metrics: running {} (work_a keeps the permit), queued {} (work_b waits for it), \
+         callers_left {}, running_after_caller_left {}",
         m.running, m.queued, m.callers_left, m.running_after_caller_left
-    );
+    ));
     if m.running != 1 || m.queued != 1 {
         return Err(format!("expected running 1 and queued 1, got {m:?}").into());
     }
@@ -155,12 +159,17 @@ async fn with_offloader() -> Result<usize, Box<dyn std::error::Error>> {
     job_b.await?;
 
     let m = pool.metrics();
-    println!(
-        "  metrics at the end: completed {}, running {}, queued {}, max_running {}",
+    log.say(format!(
+        "metrics: completed {}, running {}, queued {}, max_running {}",
         m.completed, m.running, m.queued, m.max_running
-    );
-    Ok(probe.max_in_flight().max(m.max_running as usize))
+    ));
+    // Our own count, cross-checked against the pool's.
+    Ok(probe.max_in_flight().max(usize::try_from(m.max_running)?))
 }
+
+/// A function's report: what happened, how many functions were in flight
+/// right after it, and when.
+type Report = (Step, usize, Instant);
 
 /// What a function reports about itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +183,7 @@ enum Step {
 #[derive(Clone)]
 struct Probe {
     shared: Arc<Counts>,
-    events: events::UnboundedSender<(Step, usize)>,
+    events: events::UnboundedSender<Report>,
 }
 
 struct Counts {
@@ -200,10 +209,12 @@ impl Probe {
     fn run<T>(&self, name: &'static str, body: impl FnOnce() -> T) -> T {
         let now = self.shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.shared.max.fetch_max(now, Ordering::SeqCst);
-        let _ = self.events.send((Step::Started(name), now));
+        let _ = self.events.send((Step::Started(name), now, Instant::now()));
         let value = body();
         let now = self.shared.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
-        let _ = self.events.send((Step::Returned(name), now));
+        let _ = self
+            .events
+            .send((Step::Returned(name), now, Instant::now()));
         value
     }
 
@@ -214,24 +225,23 @@ impl Probe {
 
 /// The async side of a [`Probe`]: waits for the functions' reports.
 struct Log {
-    rx: events::UnboundedReceiver<(Step, usize)>,
+    rx: events::UnboundedReceiver<Report>,
     start: Instant,
 }
 
 impl Log {
     /// Waits for the next report and checks that it is `want`.
     async fn expect(&mut self, want: Step) -> Result<(), String> {
-        let (step, in_flight) = self
+        let (step, in_flight, at) = self
             .rx
             .recv()
             .await
             .ok_or_else(|| format!("no more reports while waiting for {want:?}"))?;
-        let ms = self.start.elapsed().as_millis();
-        let (what, name) = match step {
-            Step::Started(name) => ("started ", name),
-            Step::Returned(name) => ("returned", name),
+        let (name, what) = match step {
+            Step::Started(name) => (name, "started "),
+            Step::Returned(name) => (name, "returned"),
         };
-        println!("  [{ms:>4} ms] {name} {what}   in flight: {in_flight}");
+        self.print(at, format!("{name} {what}    in flight: {in_flight}"));
         if step == want {
             Ok(())
         } else {
@@ -242,11 +252,18 @@ impl Log {
     /// Checks that no function has reported anything new.
     fn expect_nothing(&mut self) -> Result<(), String> {
         match self.rx.try_recv() {
-            Ok((step, _)) => Err(format!("unexpected report: {step:?}")),
-            Err(_) => {
-                println!("  work_b has not started: work_a still holds the only permit");
-                Ok(())
-            }
+            Ok((step, ..)) => Err(format!("unexpected report: {step:?}")),
+            Err(_) => Ok(()),
         }
+    }
+
+    /// Prints a line stamped with the time since the scenario began.
+    fn say(&self, line: impl AsRef<str>) {
+        self.print(Instant::now(), line);
+    }
+
+    fn print(&self, at: Instant, line: impl AsRef<str>) {
+        let ms = at.duration_since(self.start).as_millis();
+        println!("  [{ms:>4} ms] {}", line.as_ref());
     }
 }

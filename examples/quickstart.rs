@@ -144,8 +144,8 @@ async fn with_offloader() -> Result<usize, Box<dyn std::error::Error>> {
     let m = pool.metrics();
     log.say(format!(
         "metrics: running {} (work_a keeps the permit), queued {} (work_b waits for it), \
-         callers_left {}, running_after_caller_left {}",
-        m.running, m.queued, m.callers_left, m.running_after_caller_left
+         callers timed out {}, running_after_caller_left {}",
+        m.running, m.queued, m.callers_timed_out, m.running_after_caller_left
     ));
     if m.running != 1 || m.queued != 1 {
         return Err(format!("expected running 1 and queued 1, got {m:?}").into());

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Fate};
 use crate::job::{JobId, JobState, Outcome};
 use crate::offload::AbandonPolicy;
-use crate::pool::Inner;
+use crate::pool::{Departure, Inner};
 use crate::sync::Arc;
 
 /// The owner handle of an accepted job: a future of its outcome that can also
@@ -62,6 +62,7 @@ struct Timer {
 
 impl<T> JobHandle<T> {
     pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>) -> Self {
+        job.core().set_caller_waiting(true);
         JobHandle {
             job,
             pool,
@@ -79,10 +80,6 @@ impl<T> JobHandle<T> {
 
     pub(crate) fn clear_wait_limit(&mut self) {
         self.timer = None;
-    }
-
-    pub(crate) fn mark_caller_waiting(&self, waiting: bool) {
-        self.job.core().set_caller_waiting(waiting);
     }
 
     /// The job's id.
@@ -194,12 +191,12 @@ impl<T> JobHandle<T> {
     }
 
     /// Applies `policy` because the awaiting caller stopped waiting.
-    pub(crate) fn abandon(&self, policy: AbandonPolicy) -> Fate {
+    pub(crate) fn abandon(&self, policy: AbandonPolicy, why: Departure) -> Fate {
         let core = self.job.core();
         if self.is_finished() {
             return Fate::AlreadyFinished;
         }
-        self.pool.caller_left(core);
+        self.pool.caller_left(core, why);
         let fate = match policy {
             AbandonPolicy::Keep => Fate::KeptRunning,
             AbandonPolicy::CancelIfQueued if self.cancel() => Fate::CancelledBeforeStart,
@@ -245,6 +242,13 @@ impl<T> Future for JobHandle<T> {
         let waited = timer.began.elapsed();
         self.timer = None;
         Poll::Ready(self.timed_out(waited, Fate::KeptRunning))
+    }
+}
+
+impl<T> Drop for JobHandle<T> {
+    fn drop(&mut self) {
+        // Detaches: the job goes on; nobody is left to collect its outcome.
+        self.job.core().set_caller_waiting(false);
     }
 }
 

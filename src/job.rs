@@ -121,7 +121,7 @@ pub(crate) const UNSTARTED: u8 = 5;
 /// What every job has, whatever its function and result types.
 pub(crate) struct JobCore {
     pub(crate) id: JobId,
-    pub(crate) name: Option<Box<str>>,
+    pub(crate) name: Option<std::sync::Arc<str>>,
     state: AtomicU8,
     pub(crate) stop: StopToken,
     pub(crate) accepted_at: Instant,
@@ -134,7 +134,7 @@ pub(crate) struct JobCore {
 }
 
 impl JobCore {
-    pub(crate) fn new(id: JobId, name: Option<Box<str>>, stop: StopToken) -> Self {
+    pub(crate) fn new(id: JobId, name: Option<std::sync::Arc<str>>, stop: StopToken) -> Self {
         let span = match &name {
             Some(n) => tracing::trace_span!("offload", id = id.0, name = %n),
             None => tracing::trace_span!("offload", id = id.0),

@@ -107,7 +107,9 @@
 mod error;
 mod handle;
 mod job;
+mod lifecycle;
 mod metrics;
+mod observer;
 mod offload;
 mod pool;
 mod stop;
@@ -119,6 +121,8 @@ mod loom_tests;
 pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
 pub use handle::JobHandle;
 pub use job::{JobId, JobState};
+pub use lifecycle::{CloseReport, RunningJob, UnstartedJob};
+pub use observer::{EventKind, JobEvent, Observer};
 pub use metrics::Metrics;
 pub use offload::{AbandonPolicy, Offload, OffloadFuture};
 pub use pool::{Builder, Offloader, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_QUEUE_CAPACITY};

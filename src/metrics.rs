@@ -38,8 +38,10 @@ pub struct Metrics {
     pub cancelled: u64,
     /// Terminal: handed back unstarted by an immediate shutdown.
     pub unstarted: u64,
-    /// Callers that stopped waiting (timeout or drop) before the outcome.
-    pub callers_left: u64,
+    /// Awaiting callers whose timeout passed before the outcome.
+    pub callers_timed_out: u64,
+    /// Awaiting callers that dropped their future before the outcome.
+    pub callers_dropped: u64,
     /// Of those, jobs that were running when their caller left.
     pub running_after_caller_left: u64,
     /// Stop requests that took effect (first request per job).
@@ -58,6 +60,11 @@ impl Metrics {
     /// Jobs in a terminal state: completed, panicked, cancelled or unstarted.
     pub fn terminal(&self) -> u64 {
         self.completed + self.panicked + self.cancelled + self.unstarted
+    }
+
+    /// Callers that stopped waiting before the outcome, by timeout or drop.
+    pub fn callers_left(&self) -> u64 {
+        self.callers_timed_out + self.callers_dropped
     }
 
     /// Jobs refused for any reason.

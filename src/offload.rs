@@ -13,7 +13,7 @@ use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
 use crate::error::{Error, Rejected, SubmitError};
 use crate::handle::JobHandle;
 use crate::job::{Job, JobCore};
-use crate::pool::Offloader;
+use crate::pool::{Departure, Offloader};
 use crate::stop::StopToken;
 use crate::sync::Arc;
 
@@ -69,7 +69,7 @@ pub enum AbandonPolicy {
 pub struct Offload<F, T> {
     pool: Offloader,
     func: F,
-    name: Option<Box<str>>,
+    name: Option<std::sync::Arc<str>>,
     timeout: Option<Duration>,
     deadline: Option<Instant>,
     policy: Option<AbandonPolicy>,
@@ -95,7 +95,7 @@ where
 
     /// Names the job, for tracing spans, errors and reports.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into().into_boxed_str());
+        self.name = Some(name.into().into());
         self
     }
 
@@ -150,24 +150,48 @@ where
                 return Err(SubmitError::new(reason, self.func));
             }
         };
-        self.submit(room, began)
+        self.accept(room, began)
+    }
+
+    /// Submits the job once the queue has room, waiting for it, and returns
+    /// its owner handle. Fails, handing the function back, if the offloader
+    /// shuts down first or no worker thread could be spawned.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = offloader::Offloader::builder().queue_capacity(1).build()?;
+    /// let job = pool.offload(|_stop| "ok").submit().await?;
+    /// assert_eq!(job.await?, "ok");
+    /// # Ok(()) }
+    /// ```
+    pub async fn submit(self) -> Result<JobHandle<T>, SubmitError<F>> {
+        let began = Instant::now();
+        let room = self.pool.inner().room.clone().acquire_owned().await;
+        match room {
+            Ok(room) => self.accept(room, began),
+            Err(_closed) => {
+                let reason = Rejected::ShuttingDown;
+                self.pool.inner().count_refusal(&reason);
+                Err(SubmitError::new(reason, self.func))
+            }
+        }
     }
 
     fn refusal(&self, e: TryAcquireError) -> Rejected {
         let inner = self.pool.inner();
-        match e {
-            TryAcquireError::NoPermits => {
-                inner.count_rejected_full();
-                Rejected::Full {
-                    capacity: inner.config.queue_capacity,
-                }
-            }
-            // Closed only by shutdown; `enqueue` counts that refusal.
+        let reason = match e {
+            TryAcquireError::NoPermits => Rejected::Full {
+                capacity: inner.config.queue_capacity,
+            },
+            // The room semaphore is closed only by shutdown.
             TryAcquireError::Closed => Rejected::ShuttingDown,
-        }
+        };
+        inner.count_refusal(&reason);
+        reason
     }
 
-    fn submit(
+    fn accept(
         self,
         room: OwnedSemaphorePermit,
         began: Instant,
@@ -261,7 +285,7 @@ pin_project_lite::pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Stage::Wait(handle) = &*this.stage {
-                handle.abandon(*this.policy);
+                handle.abandon(*this.policy, Departure::Dropped);
             }
         }
     }
@@ -297,9 +321,10 @@ where
                             };
                             match o.pool.inner().room.clone().try_acquire_owned() {
                                 Ok(room) => room,
-                                Err(TryAcquireError::Closed) => {
+                                Err(e @ TryAcquireError::Closed) => {
+                                    let reason = o.refusal(e);
                                     *this.stage = Stage::Done;
-                                    return Poll::Ready(Err(Rejected::ShuttingDown.into()));
+                                    return Poll::Ready(Err(reason.into()));
                                 }
                                 Err(TryAcquireError::NoPermits) => {
                                     let sem = o.pool.inner().room.clone();
@@ -311,8 +336,12 @@ where
                         Some(fut) => match fut.as_mut().poll(cx) {
                             Poll::Ready(Ok(room)) => room,
                             Poll::Ready(Err(_closed)) => {
+                                let reason = Rejected::ShuttingDown;
+                                if let Some(o) = offload.as_ref() {
+                                    o.pool.inner().count_refusal(&reason);
+                                }
                                 *this.stage = Stage::Done;
-                                return Poll::Ready(Err(Rejected::ShuttingDown.into()));
+                                return Poll::Ready(Err(reason.into()));
                             }
                             Poll::Pending => {
                                 if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
@@ -320,18 +349,17 @@ where
                                 }
                                 let capacity = offload
                                     .as_ref()
-                                    .map(|o| {
-                                        let inner = o.pool.inner();
-                                        inner.count_rejected_full();
-                                        inner.config.queue_capacity
-                                    })
+                                    .map(|o| o.pool.inner().config.queue_capacity)
                                     .unwrap_or_default();
-                                *this.stage = Stage::Done;
-                                return Poll::Ready(Err(Rejected::FullUntilTimeout {
+                                let reason = Rejected::FullUntilTimeout {
                                     capacity,
                                     waited: this.began.elapsed(),
+                                };
+                                if let Some(o) = offload.as_ref() {
+                                    o.pool.inner().count_refusal(&reason);
                                 }
-                                .into()));
+                                *this.stage = Stage::Done;
+                                return Poll::Ready(Err(reason.into()));
                             }
                         },
                     };
@@ -339,10 +367,9 @@ where
                         *this.stage = Stage::Done;
                         continue;
                     };
-                    match o.submit(room, *this.began) {
+                    match o.accept(room, *this.began) {
                         Ok(mut handle) => {
                             handle.clear_wait_limit();
-                            handle.mark_caller_waiting(true);
                             *this.stage = Stage::Wait(handle);
                         }
                         Err(e) => {
@@ -353,15 +380,13 @@ where
                 }
                 Stage::Wait(handle) => {
                     if let Poll::Ready(outcome) = handle.poll_outcome(cx) {
-                        handle.mark_caller_waiting(false);
                         *this.stage = Stage::Done;
                         return Poll::Ready(outcome);
                     }
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;
                     }
-                    handle.mark_caller_waiting(false);
-                    let fate = handle.abandon(*this.policy);
+                    let fate = handle.abandon(*this.policy, Departure::TimedOut);
                     let out = handle.timed_out(this.began.elapsed(), fate);
                     *this.stage = Stage::Done;
                     return Poll::Ready(out);

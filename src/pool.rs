@@ -33,8 +33,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{BuildError, Error, Rejected, SubmitError};
 use crate::job::{
-    Job, JobCore, JobId, Task, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING,
+    Job, JobCore, JobId, JobState, Task, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING,
 };
+use crate::observer::{deliver, EventKind, EventQueue, Observer, ObserverSlot};
 use crate::metrics::Metrics;
 use crate::offload::{AbandonPolicy, Offload};
 use crate::stop::StopToken;
@@ -124,6 +125,8 @@ pub(crate) struct Config {
     pub(crate) thread_name: String,
     pub(crate) stack_size: Option<usize>,
     pub(crate) abandon: AbandonPolicy,
+    pub(crate) stuck_after: Option<Duration>,
+    pub(crate) observer: Option<ObserverSlot>,
 }
 
 impl Default for Builder {
@@ -136,6 +139,8 @@ impl Default for Builder {
                 thread_name: "offloader-worker".to_owned(),
                 stack_size: None,
                 abandon: AbandonPolicy::Keep,
+                stuck_after: None,
+                observer: None,
             },
         }
     }
@@ -185,6 +190,22 @@ impl Builder {
         self
     }
 
+    /// Reports a job at `warn`, once, when its function has run longer than
+    /// `threshold` (default: never). Checked by one monitor thread, started
+    /// with the first job when a threshold is set; running jobs are also
+    /// listed by [`Offloader::running_jobs`].
+    pub fn stuck_after(mut self, threshold: Duration) -> Self {
+        self.config.stuck_after = Some(threshold);
+        self
+    }
+
+    /// Calls `observer` with every job's lifecycle transitions, in order, so
+    /// they can be kept in a durable ledger outside the process.
+    pub fn observer(mut self, observer: std::sync::Arc<dyn Observer>) -> Self {
+        self.config.observer = Some(ObserverSlot(observer));
+        self
+    }
+
     /// Builds the offloader. No thread is started until the first job.
     pub fn build(self) -> Result<Offloader, BuildError> {
         let c = self.config;
@@ -202,6 +223,8 @@ impl Builder {
             config: c,
             shared: Mutex::new(Shared::default()),
             work: Condvar::new(),
+            changed: Condvar::new(),
+            progress: tokio::sync::Notify::new(),
             next_id: AtomicU64::new(0),
         });
         Ok(Offloader {
@@ -233,26 +256,6 @@ impl Offloader {
         self.inner().metrics()
     }
 
-    /// Starts a graceful shutdown and returns at once: from now on every new
-    /// job is rejected with [`Rejected::ShuttingDown`]; jobs already queued
-    /// still run; worker threads exit when the queue is empty. Idempotent.
-    pub fn shutdown(&self) {
-        self.inner().shutdown();
-    }
-
-    /// `true` once a shutdown has begun (no new jobs are accepted). Not the
-    /// same as finished: see [`Offloader::is_terminated`].
-    pub fn is_shutdown(&self) -> bool {
-        lock(&self.inner().shared).shutdown
-    }
-
-    /// `true` once shutdown has begun, every accepted job is terminal and
-    /// every worker thread has exited.
-    pub fn is_terminated(&self) -> bool {
-        let s = lock(&self.inner().shared);
-        s.shutdown && s.queue.is_empty() && s.running == 0 && s.workers == 0
-    }
-
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.handle.inner
     }
@@ -277,9 +280,14 @@ impl fmt::Debug for Offloader {
 
 pub(crate) struct Inner {
     pub(crate) config: Config,
-    shared: Mutex<Shared>,
+    pub(crate) shared: Mutex<Shared>,
     /// Idle workers wait here for a claim or a shutdown.
     work: Condvar,
+    /// Signalled when the pool may have become idle or terminated (blocking
+    /// waiters, the stuck-job monitor).
+    pub(crate) changed: Condvar,
+    /// The same signal for async waiters.
+    pub(crate) progress: tokio::sync::Notify,
     /// One permit per free queue slot; closed at shutdown so that callers
     /// waiting for room wake with an error.
     pub(crate) room: std::sync::Arc<Semaphore>,
@@ -288,34 +296,60 @@ pub(crate) struct Inner {
 }
 
 #[derive(Default)]
-struct Shared {
-    queue: VecDeque<Arc<dyn Task>>,
-    workers: usize,
+pub(crate) struct Shared {
+    /// Exactly the jobs in state `Queued`, in submission order (inv. 2).
+    pub(crate) queue: VecDeque<Arc<dyn Task>>,
+    /// Exactly the jobs in state `Running`; its length is the number of
+    /// permits held (inv. 1).
+    pub(crate) running: Vec<Arc<dyn Task>>,
+    pub(crate) workers: usize,
     idle: usize,
     notified: usize,
-    running: usize,
-    shutdown: bool,
+    pub(crate) shutdown: bool,
+    /// The stuck-job monitor thread is alive.
+    pub(crate) monitor: bool,
     inject_spawn_failures: usize,
-    counts: Counts,
+    pub(crate) events: EventQueue,
+    pub(crate) counts: Counts,
+}
+
+impl Shared {
+    /// Every accepted job is terminal and every event delivered.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.running.is_empty() && self.events.is_drained()
+    }
+
+    /// Shut down, idle, and every pool thread has exited.
+    pub(crate) fn is_terminated(&self) -> bool {
+        self.shutdown && self.is_idle() && self.workers == 0 && !self.monitor
+    }
 }
 
 /// The counters behind [`Metrics`]; changed only under the shared lock.
 #[derive(Default)]
-struct Counts {
-    accepted: u64,
-    rejected_full: u64,
-    rejected_shutdown: u64,
-    rejected_spawn: u64,
-    completed: u64,
-    panicked: u64,
-    cancelled: u64,
-    unstarted: u64,
-    callers_left: u64,
-    running_after_caller_left: u64,
-    stop_requests: u64,
-    max_running: u64,
-    queue_wait_total: Duration,
-    run_time_total: Duration,
+pub(crate) struct Counts {
+    pub(crate) accepted: u64,
+    pub(crate) rejected_full: u64,
+    pub(crate) rejected_shutdown: u64,
+    pub(crate) rejected_spawn: u64,
+    pub(crate) completed: u64,
+    pub(crate) panicked: u64,
+    pub(crate) cancelled: u64,
+    pub(crate) unstarted: u64,
+    pub(crate) callers_timed_out: u64,
+    pub(crate) callers_dropped: u64,
+    pub(crate) running_after_caller_left: u64,
+    pub(crate) stop_requests: u64,
+    pub(crate) max_running: u64,
+    pub(crate) queue_wait_total: Duration,
+    pub(crate) run_time_total: Duration,
+}
+
+/// Why a caller stopped waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Departure {
+    TimedOut,
+    Dropped,
 }
 
 impl Inner {
@@ -341,6 +375,7 @@ impl Inner {
                 // The slot now belongs to the queued job; a worker (or a
                 // cancel) returns it when the job leaves the queue.
                 room.forget();
+                self.flush_events();
                 return Ok(());
             }
             Err(reason) => reason,
@@ -375,8 +410,19 @@ impl Inner {
                 return Err(Rejected::ThreadSpawn(e));
             }
         }
+        if self.config.stuck_after.is_some() && !s.monitor {
+            // Best effort: without the monitor, stuck jobs go unreported but
+            // nothing else changes.
+            match self.spawn_thread("monitor", |inner| inner.monitor_loop()) {
+                Ok(()) => s.monitor = true,
+                Err(e) => tracing::warn!(error = %e, "could not spawn the stuck-job monitor"),
+            }
+        }
         s.counts.accepted += 1;
         tracing::trace!(parent: &task.core().span, "accepted");
+        if self.config.observer.is_some() {
+            s.events.push(task.core(), EventKind::Accepted);
+        }
         s.queue.push_back(task);
         Ok(())
     }
@@ -386,13 +432,26 @@ impl Inner {
             s.inject_spawn_failures -= 1;
             return Err(std::io::Error::from_raw_os_error(11)); // EAGAIN
         }
-        let mut b = thread::Builder::new().name(self.config.thread_name.clone());
+        self.spawn_thread("worker", |inner| inner.work_loop())?;
+        s.workers += 1;
+        Ok(())
+    }
+
+    fn spawn_thread(
+        self: &Arc<Self>,
+        role: &str,
+        body: fn(Arc<Inner>),
+    ) -> std::io::Result<()> {
+        let name = match role {
+            "worker" => self.config.thread_name.clone(),
+            other => format!("{}-{other}", self.config.thread_name),
+        };
+        let mut b = thread::Builder::new().name(name);
         if let Some(size) = self.config.stack_size {
             b = b.stack_size(size);
         }
         let me = self.clone();
-        b.spawn(move || me.work_loop())?;
-        s.workers += 1;
+        b.spawn(move || body(me))?;
         Ok(())
     }
 
@@ -404,12 +463,17 @@ impl Inner {
         }
         let task = remove_queued(&mut s.queue, core.id);
         s.counts.cancelled += 1;
+        if self.config.observer.is_some() {
+            s.events.push(core, EventKind::Finished(JobState::Cancelled));
+        }
+        self.signal_if_settled(&s);
         drop(s);
         self.room.add_permits(1);
         tracing::debug!(parent: &core.span, "cancelled before start");
         if let Some(task) = task {
             task.discard(Error::Cancelled { id: core.id });
         }
+        self.flush_events();
         true
     }
 
@@ -424,26 +488,38 @@ impl Inner {
     }
 
     /// Records that a caller stopped waiting for `core` before its outcome.
-    pub(crate) fn caller_left(&self, core: &JobCore) {
+    pub(crate) fn caller_left(&self, core: &JobCore, why: Departure) {
         core.mark_caller_left();
         let mut s = lock(&self.shared);
-        s.counts.callers_left += 1;
-        if core.state() == crate::JobState::Running {
+        match why {
+            Departure::TimedOut => s.counts.callers_timed_out += 1,
+            Departure::Dropped => s.counts.callers_dropped += 1,
+        }
+        let state = core.state();
+        if state == JobState::Running {
             s.counts.running_after_caller_left += 1;
         }
+        if self.config.observer.is_some() {
+            s.events.push(core, EventKind::Abandoned { state });
+        }
+        drop(s);
+        self.flush_events();
     }
 
-    pub(crate) fn shutdown(&self) {
+    /// Starts a graceful shutdown; `true` if this call started it.
+    pub(crate) fn shutdown(&self) -> bool {
         let mut s = lock(&self.shared);
         if s.shutdown {
-            return;
+            return false;
         }
         s.shutdown = true;
         self.work.notify_all();
+        self.signal_if_settled(&s);
         drop(s);
         // Wakes callers waiting for room; they see `ShuttingDown`.
         self.room.close();
         tracing::debug!("offloader shutting down: new jobs are refused, queued jobs still run");
+        true
     }
 
     pub(crate) fn metrics(&self) -> Metrics {
@@ -455,12 +531,13 @@ impl Inner {
             rejected_shutdown: c.rejected_shutdown,
             rejected_spawn: c.rejected_spawn,
             queued: s.queue.len() as u64,
-            running: s.running as u64,
+            running: s.running.len() as u64,
             completed: c.completed,
             panicked: c.panicked,
             cancelled: c.cancelled,
             unstarted: c.unstarted,
-            callers_left: c.callers_left,
+            callers_timed_out: c.callers_timed_out,
+            callers_dropped: c.callers_dropped,
             running_after_caller_left: c.running_after_caller_left,
             stop_requests: c.stop_requests,
             max_running: c.max_running,
@@ -470,8 +547,41 @@ impl Inner {
         }
     }
 
-    pub(crate) fn count_rejected_full(&self) {
-        lock(&self.shared).counts.rejected_full += 1;
+    /// Counts a refusal decided outside [`Inner::enqueue`] (no room, or the
+    /// room semaphore closed by shutdown).
+    pub(crate) fn count_refusal(&self, reason: &Rejected) {
+        let mut s = lock(&self.shared);
+        match reason {
+            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => s.counts.rejected_full += 1,
+            Rejected::ShuttingDown => s.counts.rejected_shutdown += 1,
+            Rejected::ThreadSpawn(_) => s.counts.rejected_spawn += 1,
+        }
+    }
+
+    /// Wakes idle/termination waiters if the pool just became idle or
+    /// terminated. Called with the lock held, after the change.
+    pub(crate) fn signal_if_settled(&self, s: &Shared) {
+        if s.is_idle() || s.is_terminated() {
+            self.changed.notify_all();
+            self.progress.notify_waiters();
+        }
+    }
+
+    /// Delivers pending observer events (observer.rs inv. 3).
+    pub(crate) fn flush_events(&self) {
+        let Some(observer) = &self.config.observer else {
+            return;
+        };
+        let mut s = lock(&self.shared);
+        let mut batch = s.events.begin();
+        while let Some(events) = batch {
+            drop(s);
+            deliver(&*observer.0, &events);
+            drop(events);
+            s = lock(&self.shared);
+            batch = s.events.next();
+        }
+        self.signal_if_settled(&s);
     }
 
     /// The worker thread's body.
@@ -480,8 +590,10 @@ impl Inner {
         'work: loop {
             while let Some(task) = self.next_job(&mut s) {
                 drop(s);
-                self.run(&*task);
+                self.flush_events();
+                self.run(&task);
                 drop(task);
+                self.flush_events();
                 s = lock(&self.shared);
             }
             if s.shutdown {
@@ -511,6 +623,7 @@ impl Inner {
             }
         }
         s.workers -= 1;
+        self.signal_if_settled(&s);
         drop(s);
         tracing::trace!("worker thread exiting");
     }
@@ -518,24 +631,25 @@ impl Inner {
     /// Pops the next job and moves it to `Running`, taking its permit
     /// (inv. 1). Called with the shared lock held.
     fn next_job(&self, s: &mut Shared) -> Option<Arc<dyn Task>> {
-        while let Some(task) = s.queue.pop_front() {
-            self.room.add_permits(1);
-            let core = task.core();
-            if !core.transition(QUEUED, RUNNING) {
-                // Unreachable by inv. 2: a job leaving `Queued` any other way
-                // is removed from the queue in the same critical section.
-                continue;
-            }
-            s.running += 1;
-            debug_assert!(s.running <= self.config.max_in_flight);
-            s.counts.max_running = s.counts.max_running.max(s.running as u64);
-            s.counts.queue_wait_total += core.accepted_at.elapsed();
-            return Some(task);
+        let task = s.queue.pop_front()?;
+        self.room.add_permits(1);
+        let core = task.core();
+        if !core.transition(QUEUED, RUNNING) {
+            // Unreachable by inv. 2: a job leaving `Queued` any other way is
+            // removed from the queue in the same critical section.
+            return None;
         }
-        None
+        s.running.push(task.clone());
+        debug_assert!(s.running.len() <= self.config.max_in_flight);
+        s.counts.max_running = s.counts.max_running.max(s.running.len() as u64);
+        s.counts.queue_wait_total += core.accepted_at.elapsed();
+        if self.config.observer.is_some() {
+            s.events.push(core, EventKind::Started);
+        }
+        Some(task)
     }
 
-    fn run(&self, task: &dyn Task) {
+    fn run(&self, task: &Arc<dyn Task>) {
         let core = task.core();
         let _entered = core.span.enter();
         tracing::debug!("started");
@@ -546,15 +660,23 @@ impl Inner {
     fn finish(&self, core: &JobCore, panicked: bool) {
         let ran = core.started_at().map(|t| t.elapsed()).unwrap_or_default();
         let mut s = lock(&self.shared);
-        s.running -= 1;
+        if let Some(at) = s.running.iter().position(|t| t.core().id == core.id) {
+            s.running.swap_remove(at);
+        }
         s.counts.run_time_total += ran;
-        if panicked {
+        let state = if panicked {
             core.transition(RUNNING, PANICKED);
             s.counts.panicked += 1;
+            JobState::Panicked
         } else {
             core.transition(RUNNING, COMPLETED);
             s.counts.completed += 1;
+            JobState::Completed
+        };
+        if self.config.observer.is_some() {
+            s.events.push(core, EventKind::Finished(state));
         }
+        self.signal_if_settled(&s);
         drop(s);
         if panicked {
             tracing::warn!(ran = ?ran, "panicked; the panic was caught and the permit released");

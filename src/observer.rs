@@ -1,0 +1,159 @@
+//! The lifecycle observer: a hook that sees every job's transitions, in
+//! order, so that users can keep a durable ledger outside the process.
+//!
+//! # Invariants
+//!
+//! 1. Events are appended to the pool's event queue in the same critical
+//!    section as the transition they report, so the queue's order is the
+//!    order in which the transitions happened (per job and across jobs).
+//! 2. At most one thread delivers at a time (`dispatching`), in queue order,
+//!    and never while holding the pool's lock: the observer is user code.
+//! 3. Whoever appends an event flushes afterwards; a flush that finds another
+//!    thread dispatching leaves the event to it, and that thread only stops
+//!    after seeing the queue empty under the lock. So every event is
+//!    delivered.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use crate::job::{JobCore, JobId, JobState};
+
+/// Receives every job's lifecycle transitions.
+///
+/// Set with [`Builder::observer`](crate::Builder::observer). Events for one
+/// pool arrive one at a time, in the order the transitions happened, on
+/// whichever thread caused them (a worker, a submitting task, the thread
+/// that shut the pool down). The observer is never called while the pool's
+/// internal locks are held, so it may call back into the pool; keep it
+/// fast, as the thread delivering events waits for it. A panic in the
+/// observer is caught and logged; delivery goes on.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use offloader::{EventKind, JobEvent, Observer, Offloader};
+///
+/// #[derive(Default)]
+/// struct Ledger(Mutex<Vec<String>>);
+///
+/// impl Observer for Ledger {
+///     fn on_event(&self, event: &JobEvent) {
+///         self.0.lock().unwrap().push(format!("{} {:?}", event.id, event.kind));
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ledger = Arc::new(Ledger::default());
+/// let pool = Offloader::builder().observer(ledger.clone()).build()?;
+/// pool.offload(|_stop| ()).await?;
+/// pool.idle().await;
+/// let lines = ledger.0.lock().unwrap().clone();
+/// assert_eq!(lines.len(), 3); // accepted, started, finished
+/// # Ok(()) }
+/// ```
+pub trait Observer: Send + Sync + 'static {
+    /// Called once per transition.
+    fn on_event(&self, event: &JobEvent);
+}
+
+/// One lifecycle transition of one job.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct JobEvent {
+    /// The job's id (stable for the life of the process).
+    pub id: JobId,
+    /// The job's name, if it was given one (a user-chosen stable key, for a
+    /// ledger that outlives the process).
+    pub name: Option<std::sync::Arc<str>>,
+    /// What happened.
+    pub kind: EventKind,
+    /// When it happened.
+    pub at: Instant,
+}
+
+/// What happened to a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The job was accepted into the queue.
+    Accepted,
+    /// The function started (took a permit).
+    Started,
+    /// The job reached a terminal state: `Completed`, `Panicked` or
+    /// `Cancelled` (before start).
+    Finished(JobState),
+    /// An immediate shutdown handed the job back unstarted; the function
+    /// never ran. Record it to run it again after a restart.
+    NeverStarted,
+    /// The awaiting caller stopped waiting (time-out or drop) while the job
+    /// was in `state`; what happened next follows as further events.
+    Abandoned {
+        /// The job's state when its caller left.
+        state: JobState,
+    },
+}
+
+/// Events waiting for delivery; lives in the pool's shared state.
+#[derive(Default)]
+pub(crate) struct EventQueue {
+    events: VecDeque<JobEvent>,
+    dispatching: bool,
+}
+
+impl EventQueue {
+    /// Appends an event (called under the pool lock, inv. 1).
+    pub(crate) fn push(&mut self, core: &JobCore, kind: EventKind) {
+        self.events.push_back(JobEvent {
+            id: core.id,
+            name: core.name.clone(),
+            kind,
+            at: Instant::now(),
+        });
+    }
+
+    /// `true` when every appended event has been delivered.
+    pub(crate) fn is_drained(&self) -> bool {
+        self.events.is_empty() && !self.dispatching
+    }
+
+    /// Claims the dispatcher role and takes the first batch; `None` if
+    /// another thread is dispatching or there is nothing to deliver.
+    pub(crate) fn begin(&mut self) -> Option<VecDeque<JobEvent>> {
+        if self.dispatching || self.events.is_empty() {
+            return None;
+        }
+        self.dispatching = true;
+        Some(std::mem::take(&mut self.events))
+    }
+
+    /// Takes the next batch for the current dispatcher, or gives up the role
+    /// when the queue is empty (inv. 3).
+    pub(crate) fn next(&mut self) -> Option<VecDeque<JobEvent>> {
+        if self.events.is_empty() {
+            self.dispatching = false;
+            return None;
+        }
+        Some(std::mem::take(&mut self.events))
+    }
+}
+
+/// Delivers a batch outside every lock (inv. 2).
+pub(crate) fn deliver(observer: &dyn Observer, batch: &VecDeque<JobEvent>) {
+    for event in batch {
+        if catch_unwind(AssertUnwindSafe(|| observer.on_event(event))).is_err() {
+            tracing::warn!(id = event.id.0, kind = ?event.kind, "the lifecycle observer panicked; the panic was caught and delivery goes on");
+        }
+    }
+}
+
+/// The observer, wrapped so that `Config` can derive `Debug` and `Clone`.
+#[derive(Clone)]
+pub(crate) struct ObserverSlot(pub(crate) std::sync::Arc<dyn Observer>);
+
+impl fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Observer")
+    }
+}

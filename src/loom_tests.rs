@@ -11,6 +11,9 @@
 //! | `permit_released_before_outcome` | DESIGN 1; job.rs inv. 4; pool.rs inv. 1: the permit is held while the function runs, released before the owner sees the outcome, and the limit holds with a detached predecessor |
 //! | `stop_callback_vs_request` | stop.rs inv. 2–3: a callback registered while stop fires runs exactly once |
 //! | `stop_callback_drop_vs_request` | stop.rs inv. 4: after the guard's drop the callback is not running and never runs |
+//! | `shutdown_vs_submit` | DESIGN 4 and 6; lifecycle.rs inv. 3: a job submitted while a shutdown begins is either refused (function handed back, never run) or accepted and run; nothing is lost |
+//! | `termination_vs_last_worker_exit` | DESIGN 6; lifecycle.rs inv. 1–2: a termination waiter wakes when the last worker exits, and only then |
+//! | `shutdown_now_vs_start` | DESIGN 3, 4 and 6: a queued job is either handed back unstarted (never run) or started, never both |
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 
@@ -153,5 +156,85 @@ fn stop_callback_drop_vs_request() {
         assert_ne!(after_drop, 1, "callback still running after its guard was dropped");
         stopper.join().unwrap();
         assert_eq!(phase.load(Ordering::SeqCst), after_drop, "callback ran after its guard was dropped");
+    });
+}
+
+#[test]
+fn shutdown_vs_submit() {
+    loom::model(|| {
+        let pool = pool(1);
+        let ran = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.shutdown())
+        };
+        let r = ran.clone();
+        let submitted = pool.offload(move |_| r.store(true, Ordering::SeqCst)).spawn();
+        closer.join().unwrap();
+        match submitted {
+            Ok(job) => {
+                assert!(job.blocking_wait().is_ok());
+                assert!(ran.load(Ordering::SeqCst));
+            }
+            Err(refused) => {
+                assert!(matches!(refused.reason(), crate::Rejected::ShuttingDown));
+                let _func = refused.into_inner();
+                assert!(!ran.load(Ordering::SeqCst));
+            }
+        }
+        assert!(pool.blocking_await_termination(None));
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.accepted, m.completed);
+        assert_eq!(m.workers, 0);
+    });
+}
+
+#[test]
+fn termination_vs_last_worker_exit() {
+    loom::model(|| {
+        let pool = pool(1);
+        pool.offload(|_| ()).spawn().expect("accepted").detach();
+        let waiter = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.blocking_await_termination(None))
+        };
+        assert!(!pool.is_terminated() || pool.metrics().workers == 0);
+        pool.shutdown();
+        assert!(waiter.join().unwrap());
+        assert!(pool.is_terminated());
+        let m = pool.metrics();
+        assert_eq!((m.workers, m.running, m.queued, m.completed), (0, 0, 0, 1));
+    });
+}
+
+#[test]
+fn shutdown_now_vs_start() {
+    loom::model(|| {
+        let pool = pool(1);
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let job = pool
+            .offload(move |_| r.store(true, Ordering::SeqCst))
+            .spawn()
+            .expect("accepted");
+        let id = job.id();
+        let closer = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.shutdown_now())
+        };
+        let outcome = job.blocking_wait();
+        let unstarted = closer.join().unwrap();
+        let handed_back = unstarted.iter().any(|u| u.id == id);
+        let ran = ran.load(Ordering::SeqCst);
+        match outcome {
+            Ok(()) => assert!(ran && !handed_back),
+            Err(Error::Unstarted { .. }) => assert!(!ran && handed_back),
+            Err(e) => panic!("unexpected outcome {e}"),
+        }
+        assert!(pool.blocking_await_termination(None));
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.completed + m.unstarted, 1);
     });
 }

@@ -42,7 +42,9 @@ pub enum Error {
     },
     /// An immediate shutdown removed the job from the queue; the function
     /// never ran.
-    #[error("job {id} never started: the offloader shut down immediately and returned it unstarted")]
+    #[error(
+        "job {id} never started: the offloader shut down immediately and returned it unstarted"
+    )]
     Unstarted {
         /// The job that was handed back.
         id: JobId,
@@ -202,7 +204,11 @@ impl<F> fmt::Debug for SubmitError<F> {
 
 impl<F> fmt::Display for SubmitError<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "job not accepted, the function was handed back unrun: {}", self.reason)
+        write!(
+            f,
+            "job not accepted, the function was handed back unrun: {}",
+            self.reason
+        )
     }
 }
 

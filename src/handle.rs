@@ -89,7 +89,7 @@ impl<T> JobHandle<T> {
 
     /// The job's name, if it was given one.
     pub fn name(&self) -> Option<&str> {
-        self.job.core().name()
+        self.job.core().name().map(|n| &**n)
     }
 
     /// Where the job is in its life right now.
@@ -102,14 +102,22 @@ impl<T> JobHandle<T> {
         self.job.is_published()
     }
 
-    /// Cancels the job if it has not started. Returns `true` if this call
-    /// prevented the start: the function will never run and the handle
-    /// resolves to [`Error::Cancelled`].
+    /// Cancels the job. Returns `true` if this call prevented the start:
+    /// the function will never run and the handle resolves to
+    /// [`Error::Cancelled`].
     ///
-    /// A job that already runs is not touched (use [`stop`](Self::stop));
-    /// `false` is returned.
+    /// If the function already runs, cancel sets its stop token (as
+    /// [`stop`](Self::stop) does) and nothing else: the function keeps its
+    /// permit until it returns, and `false` is returned. If the job has
+    /// finished, nothing happens.
     pub fn cancel(&self) -> bool {
-        self.pool.cancel(self.job.core())
+        if self.pool.cancel(self.job.core()) {
+            return true;
+        }
+        if self.state() == JobState::Running {
+            self.stop();
+        }
+        false
     }
 
     /// Requests stop through the job's [`StopToken`](crate::StopToken):
@@ -120,12 +128,12 @@ impl<T> JobHandle<T> {
     /// A queued job that is stopped still starts, with its token already
     /// stopped; a running one keeps its permit until the function returns.
     pub fn stop(&self) -> bool {
-        self.pool.stop(self.job.core())
+        self.pool.stop(&*self.job)
     }
 
     /// `true` if stop has been requested for this job.
     pub fn is_stop_requested(&self) -> bool {
-        self.job.core().stop.is_stopped()
+        self.job.core().is_stop_requested()
     }
 
     /// Gives up the handle; the offloader keeps running the job and records
@@ -145,7 +153,7 @@ impl<T> JobHandle<T> {
         let job = &self.job;
         match tokio::time::timeout(limit, poll_fn(|cx| job.poll_outcome(cx))).await {
             Ok(outcome) => outcome,
-            Err(_) => self.timed_out(began.elapsed(), Fate::KeptRunning),
+            Err(_) => self.timed_out(began.elapsed(), None),
         }
     }
 
@@ -164,7 +172,7 @@ impl<T> JobHandle<T> {
         let began = Instant::now();
         match self.job.wait_outcome(began.checked_add(limit)) {
             Some(outcome) => outcome,
-            None => self.timed_out(began.elapsed(), Fate::KeptRunning),
+            None => self.timed_out(began.elapsed(), None),
         }
     }
 
@@ -175,19 +183,43 @@ impl<T> JobHandle<T> {
 
     /// The outcome once a wait has run out, if it was published meanwhile;
     /// otherwise the time-out error.
-    pub(crate) fn timed_out(&self, waited: Duration, fate: Fate) -> Result<T, Error> {
+    ///
+    /// `policy` is applied to a job that is still queued or running (the
+    /// awaiting caller leaves); without one the job goes on under this
+    /// handle. The error reports the state the job was in when the wait
+    /// ended, before the policy acted.
+    pub(crate) fn timed_out(
+        &self,
+        waited: Duration,
+        policy: Option<AbandonPolicy>,
+    ) -> Result<T, Error> {
         let state = self.state();
-        if self.is_finished() {
-            if let Some(outcome) = self.job.wait_outcome(Some(Instant::now())) {
-                return outcome;
+        if !state.is_terminal() {
+            let fate = match policy {
+                Some(policy) => self.abandon(policy, Departure::TimedOut),
+                None => Fate::KeptRunning,
+            };
+            if fate != Fate::AlreadyFinished {
+                return Err(Error::TimedOut {
+                    id: self.id(),
+                    waited,
+                    state,
+                    fate,
+                });
             }
         }
-        Err(Error::TimedOut {
-            id: self.id(),
-            waited,
-            state,
-            fate,
-        })
+        // It finished on its own while the wait ran out: the outcome wins.
+        match self.job.wait_outcome(Some(Instant::now())) {
+            Some(outcome) => outcome,
+            // Finished but not yet published (the worker is between
+            // releasing the permit and publishing).
+            None => Err(Error::TimedOut {
+                id: self.id(),
+                waited,
+                state: self.state(),
+                fate: Fate::AlreadyFinished,
+            }),
+        }
     }
 
     /// Applies `policy` because the awaiting caller stopped waiting.
@@ -199,9 +231,9 @@ impl<T> JobHandle<T> {
         self.pool.caller_left(core, why);
         let fate = match policy {
             AbandonPolicy::Keep => Fate::KeptRunning,
-            AbandonPolicy::CancelIfQueued if self.cancel() => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelIfQueued if self.pool.cancel(core) => Fate::CancelledBeforeStart,
             AbandonPolicy::CancelIfQueued => Fate::KeptRunning,
-            AbandonPolicy::CancelAndStop if self.cancel() => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelAndStop if self.pool.cancel(core) => Fate::CancelledBeforeStart,
             AbandonPolicy::CancelAndStop => {
                 self.stop();
                 Fate::StopRequested
@@ -210,11 +242,11 @@ impl<T> JobHandle<T> {
         let state = self.state();
         if fate == Fate::KeptRunning && state == JobState::Running {
             tracing::warn!(
-                parent: &core.span,
+                parent: &core.span(),
                 "caller stopped waiting; the job keeps running and holds its permit until it returns"
             );
         } else {
-            tracing::debug!(parent: &core.span, %state, %fate, "caller stopped waiting");
+            tracing::debug!(parent: &core.span(), %state, %fate, "caller stopped waiting");
         }
         fate
     }
@@ -241,7 +273,7 @@ impl<T> Future for JobHandle<T> {
         // The limit is spent; later awaits wait without one.
         let waited = timer.began.elapsed();
         self.timer = None;
-        Poll::Ready(self.timed_out(waited, Fate::KeptRunning))
+        Poll::Ready(self.timed_out(waited, None))
     }
 }
 

@@ -21,20 +21,29 @@
 //!    word is terminal; a waiter registers under the same lock, so either it
 //!    sees the outcome or the publisher sees (and wakes) the waiter: no
 //!    wake-up is lost.
-//! 4. The pool's running count is decremented (the permit released) after the
+//! 4. The pool's running list is decremented (the permit released) after the
 //!    function returned or finished unwinding and *before* the outcome is
 //!    published, so an owner that has its outcome can rely on the permit
 //!    being free again.
+//!
+//! # Memory
+//!
+//! A queued job is one allocation: the state words, a timestamp, the
+//! function and its outcome slot share it, and so does the job's stop
+//! token (the job *is* the token's stop source). Rare parts (a name, a
+//! deadline, stop callbacks) live behind thin pointers allocated only when
+//! used. `tests/layout.rs` pins the size.
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::stop::StopToken;
-use crate::sync::{lock, thread, AtomicBool, AtomicU8, Mutex, Ordering};
+use crate::stop::{StopExt, StopSource, StopToken};
+use crate::sync::{lock, thread, Arc, AtomicBool, AtomicU8, Mutex, Ordering};
 
 /// A job's identity: unique within one process, increasing in order of
 /// submission.
@@ -118,37 +127,51 @@ pub(crate) const CANCELLED: u8 = 4;
 /// Terminal: handed back unstarted by an immediate shutdown.
 pub(crate) const UNSTARTED: u8 = 5;
 
+/// Nanoseconds since a process-wide epoch: 8 bytes where an `Instant`
+/// takes 16.
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Rarely used parts of a job, allocated only when one is set.
+struct Extras {
+    name: Option<std::sync::Arc<str>>,
+    deadline: Option<Instant>,
+}
+
+/// Flag bits in [`JobCore::flags`].
+const CALLER_LEFT: u8 = 1;
+const CALLER_WAITING: u8 = 2;
+
 /// What every job has, whatever its function and result types.
 pub(crate) struct JobCore {
     pub(crate) id: JobId,
-    pub(crate) name: Option<std::sync::Arc<str>>,
+    /// When the job was accepted, until it starts; from then on, when it
+    /// started (see [`now_ns`]).
+    time: AtomicU64,
+    extras: Option<Box<Extras>>,
     state: AtomicU8,
-    pub(crate) stop: StopToken,
-    pub(crate) accepted_at: Instant,
-    started_at: OnceLock<Instant>,
-    /// Set when a caller stopped waiting while the job was not finished.
-    caller_left: AtomicBool,
-    /// Set while an awaiting caller (not a detached handle) waits.
-    caller_waiting: AtomicBool,
-    pub(crate) span: tracing::Span,
+    flags: AtomicU8,
+    stopped: AtomicBool,
 }
 
 impl JobCore {
-    pub(crate) fn new(id: JobId, name: Option<std::sync::Arc<str>>, stop: StopToken) -> Self {
-        let span = match &name {
-            Some(n) => tracing::trace_span!("offload", id = id.0, name = %n),
-            None => tracing::trace_span!("offload", id = id.0),
-        };
+    pub(crate) fn new(
+        id: JobId,
+        name: Option<std::sync::Arc<str>>,
+        deadline: Option<Instant>,
+    ) -> Self {
+        let extras =
+            (name.is_some() || deadline.is_some()).then(|| Box::new(Extras { name, deadline }));
         JobCore {
             id,
-            name,
+            time: AtomicU64::new(now_ns()),
+            extras,
             state: AtomicU8::new(QUEUED),
-            stop,
-            accepted_at: Instant::now(),
-            started_at: OnceLock::new(),
-            caller_left: AtomicBool::new(false),
-            caller_waiting: AtomicBool::new(false),
-            span,
+            flags: AtomicU8::new(0),
+            stopped: AtomicBool::new(false),
         }
     }
 
@@ -158,55 +181,88 @@ impl JobCore {
     }
 
     /// Moves the job from `from` to `to`; `true` if this call made the move.
+    /// Moving to `Running` restarts the clock and returns, through
+    /// `queued_for`, how long the job waited.
     pub(crate) fn transition(&self, from: u8, to: u8) -> bool {
         // ORDERING: AcqRel so that the winner of the swap out of `Queued`
         // also owns the function cell (inv. 2) and readers of the state see
         // everything the winner wrote before.
-        let won = self
-            .state
+        self.state
             .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if won && to == RUNNING {
-            let _ = self.started_at.set(Instant::now());
+            .is_ok()
+    }
+
+    /// Restarts the clock when the function starts; returns how long the job
+    /// was queued. Called under the pool lock by the worker that won
+    /// `Queued → Running`.
+    pub(crate) fn mark_started(&self) -> Duration {
+        let now = now_ns();
+        // ORDERING: the clock is read and written under the pool lock.
+        let accepted = self.time.swap(now, std::sync::atomic::Ordering::Relaxed);
+        Duration::from_nanos(now.saturating_sub(accepted))
+    }
+
+    /// Time since the job was accepted (while queued) or since it started
+    /// (once running or finished).
+    pub(crate) fn clock(&self) -> Duration {
+        let since = self.time.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_nanos(now_ns().saturating_sub(since))
+    }
+
+    pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {
+        self.extras.as_ref()?.name.as_ref()
+    }
+
+    pub(crate) fn is_stop_requested(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// A span for this job's events (id, name); costs nothing when no
+    /// subscriber listens.
+    pub(crate) fn span(&self) -> tracing::Span {
+        match self.name() {
+            Some(n) => tracing::trace_span!("offload", id = self.id.0, name = %n),
+            None => tracing::trace_span!("offload", id = self.id.0),
         }
-        won
     }
 
-    /// How long the function has run (or ran, if it finished), if it started.
-    pub(crate) fn started_at(&self) -> Option<Instant> {
-        self.started_at.get().copied()
-    }
-
-    pub(crate) fn name(&self) -> Option<&str> {
-        self.name.as_deref()
+    fn set_flag(&self, bit: u8, on: bool) {
+        if on {
+            self.flags.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.flags.fetch_and(!bit, Ordering::AcqRel);
+        }
     }
 
     pub(crate) fn mark_caller_left(&self) {
-        self.caller_left.store(true, Ordering::Release);
+        self.set_flag(CALLER_LEFT, true);
     }
 
     pub(crate) fn caller_left(&self) -> bool {
-        self.caller_left.load(Ordering::Acquire)
+        self.flags.load(Ordering::Acquire) & CALLER_LEFT != 0
     }
 
     pub(crate) fn set_caller_waiting(&self, waiting: bool) {
-        self.caller_waiting.store(waiting, Ordering::Release);
+        self.set_flag(CALLER_WAITING, waiting);
     }
 
     pub(crate) fn caller_waiting(&self) -> bool {
-        self.caller_waiting.load(Ordering::Acquire)
+        self.flags.load(Ordering::Acquire) & CALLER_WAITING != 0
     }
 }
 
-/// The type-erased face of a job that the queue and the workers see.
-pub(crate) trait Task: Send + Sync {
+/// The type-erased face of a job that the queue and the workers see. A job
+/// is its own stop source.
+pub(crate) trait Task: StopSource {
     fn core(&self) -> &JobCore;
 
-    /// Runs the function (the caller must have won `Queued → Running`).
-    /// `returned` is called once the function returned or finished
-    /// unwinding, with `true` if it panicked, before the outcome is
-    /// published (inv. 4).
-    fn run(&self, returned: &mut dyn FnMut(bool));
+    /// Calls the function (the caller must have won `Queued → Running`) and
+    /// keeps its outcome unpublished; returns `true` if it panicked. The
+    /// worker releases the permit, then calls [`Task::publish`] (inv. 4).
+    fn call(&self, stop: &StopToken) -> bool;
+
+    /// Publishes the outcome kept by [`Task::call`] and wakes the waiter.
+    fn publish(&self);
 
     /// Drops the never-run function and publishes `error` as the outcome
     /// (the caller must have won `Queued → Cancelled/Unstarted`).
@@ -214,8 +270,7 @@ pub(crate) trait Task: Send + Sync {
 }
 
 /// The typed face of a job that its owner handle sees.
-pub(crate) trait Outcome<T>: Send + Sync {
-    fn core(&self) -> &JobCore;
+pub(crate) trait Outcome<T>: Task {
     fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>>;
     /// Blocks until the outcome is published or `until` passes; `None` on
     /// timeout.
@@ -223,18 +278,25 @@ pub(crate) trait Outcome<T>: Send + Sync {
     fn is_published(&self) -> bool;
 }
 
-/// A job with its function and outcome slot, in one allocation.
+/// A job with its function, outcome slot and stop state, in one allocation.
 pub(crate) struct Job<F, T> {
     core: JobCore,
-    func: Mutex<Option<F>>,
-    slot: Mutex<Slot<T>>,
+    slot: Mutex<Slot<F, T>>,
 }
 
-struct Slot<T> {
-    outcome: Option<Result<T, Error>>,
-    published: bool,
+struct Slot<F, T> {
+    cell: Cell<F, T>,
     waker: Option<Waker>,
-    thread: Option<thread::Thread>,
+    stop_ext: Option<Arc<StopExt>>,
+}
+
+/// The function, then the outcome. Errors are boxed to keep the job small.
+enum Cell<F, T> {
+    Func(F),
+    Running,
+    Kept(Result<T, Box<Error>>),
+    Published(Result<T, Box<Error>>),
+    Taken,
 }
 
 impl<F, T> Job<F, T>
@@ -245,42 +307,79 @@ where
     pub(crate) fn new(core: JobCore, func: F) -> Self {
         Job {
             core,
-            func: Mutex::new(Some(func)),
             slot: Mutex::new(Slot {
-                outcome: None,
-                published: false,
+                cell: Cell::Func(func),
                 waker: None,
-                thread: None,
+                stop_ext: None,
             }),
         }
     }
 
-    /// Takes the function back out of a job that was never queued.
+    /// Takes the function out of its cell (inv. 2), leaving `Running`.
     pub(crate) fn take_func(&self) -> Option<F> {
-        lock(&self.func).take()
-    }
-
-    /// Takes a published outcome; a second take reports `OutcomeTaken`.
-    fn take(&self, slot: &mut Slot<T>) -> Result<T, Error> {
-        slot.outcome
-            .take()
-            .unwrap_or(Err(Error::OutcomeTaken { id: self.core.id }))
-    }
-
-    fn publish(&self, outcome: Result<T, Error>) {
         let mut slot = lock(&self.slot);
-        slot.outcome = Some(outcome);
-        slot.published = true;
+        match std::mem::replace(&mut slot.cell, Cell::Running) {
+            Cell::Func(f) => Some(f),
+            other => {
+                slot.cell = other;
+                None
+            }
+        }
+    }
+
+    /// Makes a kept outcome (or `error`) visible and wakes the waiter.
+    fn publish_outcome(&self, error: Option<Error>) {
+        let mut slot = lock(&self.slot);
+        let outcome = match (std::mem::replace(&mut slot.cell, Cell::Taken), error) {
+            (_, Some(e)) => Err(Box::new(e)),
+            (Cell::Kept(outcome), None) => outcome,
+            // Unreachable: publish follows call, which keeps an outcome.
+            (other, None) => {
+                slot.cell = other;
+                return;
+            }
+        };
+        slot.cell = Cell::Published(outcome);
         let waker = slot.waker.take();
-        let thread = slot.thread.take();
         drop(slot);
         // Woken outside the lock (inv. 3 only needs the publish under it).
         if let Some(w) = waker {
             w.wake();
         }
-        if let Some(t) = thread {
-            t.unpark();
+    }
+
+    /// Takes a published outcome; `None` if not published yet.
+    fn take_published(&self, slot: &mut Slot<F, T>) -> Option<Result<T, Error>> {
+        match std::mem::replace(&mut slot.cell, Cell::Taken) {
+            Cell::Published(outcome) => Some(outcome.map_err(|e| *e)),
+            Cell::Taken => Some(Err(Error::OutcomeTaken { id: self.core.id })),
+            other => {
+                slot.cell = other;
+                None
+            }
         }
+    }
+}
+
+impl<F, T> StopSource for Job<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    fn stop_flag(&self) -> &AtomicBool {
+        &self.core.stopped
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.core.extras.as_ref()?.deadline
+    }
+
+    fn ext(&self, create: bool) -> Option<Arc<StopExt>> {
+        let mut slot = lock(&self.slot);
+        if create && slot.stop_ext.is_none() {
+            slot.stop_ext = Some(Arc::new(StopExt::new()));
+        }
+        slot.stop_ext.clone()
     }
 }
 
@@ -293,26 +392,32 @@ where
         &self.core
     }
 
-    fn run(&self, returned: &mut dyn FnMut(bool)) {
+    fn call(&self, stop: &StopToken) -> bool {
         let Some(func) = self.take_func() else {
             // Unreachable by inv. 2; report rather than panic in a worker.
-            returned(false);
-            return;
+            return false;
         };
-        let stop = &self.core.stop;
         let result = catch_unwind(AssertUnwindSafe(|| func(stop)));
-        returned(result.is_err());
-        let outcome = result.map_err(|payload| Error::Panicked {
-            id: self.core.id,
-            message: panic_message(payload.as_ref()),
+        let panicked = result.is_err();
+        let outcome = result.map_err(|payload| {
+            Box::new(Error::Panicked {
+                id: self.core.id,
+                message: panic_message(payload.as_ref()),
+            })
         });
-        self.publish(outcome);
+        // Kept, not yet visible: waiters see only `Published` (inv. 4).
+        lock(&self.slot).cell = Cell::Kept(outcome);
+        panicked
+    }
+
+    fn publish(&self) {
+        self.publish_outcome(None);
     }
 
     fn discard(&self, error: Error) {
         // The function is user code: dropped here, outside every pool lock.
         drop(self.take_func());
-        self.publish(Err(error));
+        self.publish_outcome(Some(error));
     }
 }
 
@@ -321,14 +426,10 @@ where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
 {
-    fn core(&self) -> &JobCore {
-        &self.core
-    }
-
     fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
         let mut slot = lock(&self.slot);
-        if slot.published {
-            return Poll::Ready(self.take(&mut slot));
+        if let Some(outcome) = self.take_published(&mut slot) {
+            return Poll::Ready(outcome);
         }
         // Registered under the slot lock: `publish` sees it (inv. 3).
         match &mut slot.waker {
@@ -339,19 +440,20 @@ where
     }
 
     fn wait_outcome(&self, until: Option<Instant>) -> Option<Result<T, Error>> {
+        let waker = Waker::from(std::sync::Arc::new(ThreadWaker(thread::current())));
         loop {
             let mut slot = lock(&self.slot);
-            if slot.published {
-                return Some(self.take(&mut slot));
+            if let Some(outcome) = self.take_published(&mut slot) {
+                return Some(outcome);
             }
-            slot.thread = Some(thread::current());
+            slot.waker = Some(waker.clone());
             drop(slot);
             match until {
                 None => thread::park(),
                 Some(until) => {
                     let now = Instant::now();
                     if now >= until {
-                        lock(&self.slot).thread = None;
+                        lock(&self.slot).waker = None;
                         return None;
                     }
                     park_timeout(until - now);
@@ -361,7 +463,20 @@ where
     }
 
     fn is_published(&self) -> bool {
-        lock(&self.slot).published
+        matches!(lock(&self.slot).cell, Cell::Published(_) | Cell::Taken)
+    }
+}
+
+/// Wakes a thread blocked in [`Outcome::wait_outcome`].
+struct ThreadWaker(thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.unpark();
     }
 }
 
@@ -372,8 +487,7 @@ fn park_timeout(d: Duration) {
 
 #[cfg(loom)]
 fn park_timeout(_d: Duration) {
-    // loom has no timed park; a plain park explores the wake-up paths, and a
-    // timed wait in a model is treated as "woken".
+    // loom has no timed park; models only use untimed waits.
     loom::thread::yield_now();
 }
 

@@ -102,7 +102,12 @@
 //! which `accepted = queued + running + terminal` always holds.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub, rust_2018_idioms)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
 
 mod error;
 mod handle;
@@ -122,10 +127,12 @@ pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
 pub use handle::JobHandle;
 pub use job::{JobId, JobState};
 pub use lifecycle::{CloseReport, RunningJob, UnstartedJob};
-pub use observer::{EventKind, JobEvent, Observer};
 pub use metrics::Metrics;
+pub use observer::{EventKind, JobEvent, Observer};
 pub use offload::{AbandonPolicy, Offload, OffloadFuture};
-pub use pool::{Builder, Offloader, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_QUEUE_CAPACITY};
+pub use pool::{
+    Builder, Offloader, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_QUEUE_CAPACITY,
+};
 pub use stop::{StopCallback, StopToken, Stopped};
 
 /// Prepares `f` to run on the process-wide default [`Offloader`], built on

@@ -197,15 +197,15 @@ impl Offloader {
                 let core = task.core();
                 let job = UnstartedJob {
                     id: core.id,
-                    name: core.name.clone(),
-                    queued_for: core.accepted_at.elapsed(),
+                    name: core.name().cloned(),
+                    queued_for: core.clock(),
                 };
                 task.discard(Error::Unstarted { id: core.id });
                 job
             })
             .collect::<Vec<_>>();
         for task in &running {
-            inner.stop(task.core());
+            inner.stop(&**task);
         }
         inner.flush_events();
         tracing::debug!(
@@ -342,9 +342,9 @@ impl Offloader {
                 let core = task.core();
                 RunningJob {
                     id: core.id,
-                    name: core.name.clone(),
-                    running_for: core.started_at().map(|t| t.elapsed()).unwrap_or_default(),
-                    stop_requested: core.stop.is_stopped(),
+                    name: core.name().cloned(),
+                    running_for: core.clock(),
+                    stop_requested: core.is_stop_requested(),
                     caller_waiting: core.caller_waiting(),
                 }
             })
@@ -354,6 +354,7 @@ impl Offloader {
 
 /// Waits until `settled` holds (inv. 2, async side).
 async fn wait(inner: &Arc<Inner>, settled: fn(&Shared) -> bool) {
+    let _registered = SettleWaiter::new(inner);
     loop {
         let mut notified = pin!(inner.progress.notified());
         notified.as_mut().enable();
@@ -371,8 +372,10 @@ pub(crate) fn blocking_wait(
     until: Option<Instant>,
 ) -> bool {
     let mut s = lock(&inner.shared);
+    s.settle_waiters += 1;
     loop {
         if settled(&s) {
+            s.settle_waiters -= 1;
             return true;
         }
         let wait = match until {
@@ -380,6 +383,7 @@ pub(crate) fn blocking_wait(
             Some(until) => {
                 let now = Instant::now();
                 if now >= until {
+                    s.settle_waiters -= 1;
                     return false;
                 }
                 until - now
@@ -392,6 +396,24 @@ pub(crate) fn blocking_wait(
     }
 }
 
+/// Counts an async waiter in `settle_waiters` for as long as it exists, so
+/// that transitions signal it (pool.rs `signal_if_settled`); a dropped wait
+/// future unregisters.
+struct SettleWaiter<'a>(&'a Inner);
+
+impl<'a> SettleWaiter<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        lock(&inner.shared).settle_waiters += 1;
+        SettleWaiter(inner)
+    }
+}
+
+impl Drop for SettleWaiter<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.shared).settle_waiters -= 1;
+    }
+}
+
 impl Inner {
     /// The stuck-job monitor: reports each job running longer than
     /// `stuck_after` once at `warn`; exits when the pool has terminated
@@ -401,6 +423,8 @@ impl Inner {
         let tick = (threshold / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut reported: Vec<JobId> = Vec::new();
         let mut s = lock(&self.shared);
+        // Counted as a waiter so that the last worker's exit wakes it.
+        s.settle_waiters += 1;
         while !(s.shutdown && s.is_idle() && s.workers == 0) {
             reported.retain(|id| s.running.iter().any(|t| t.core().id == *id));
             let stuck: Vec<_> = s
@@ -408,9 +432,9 @@ impl Inner {
                 .iter()
                 .filter_map(|task| {
                     let core = task.core();
-                    let running_for = core.started_at()?.elapsed();
+                    let running_for = core.clock();
                     (running_for > threshold && !reported.contains(&core.id))
-                        .then(|| (core.id, core.span.clone(), running_for, core.stop.is_stopped()))
+                        .then(|| (core.id, core.span(), running_for, core.is_stop_requested()))
                 })
                 .collect();
             drop(s);
@@ -429,6 +453,7 @@ impl Inner {
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
+        s.settle_waiters -= 1;
         s.monitor = false;
         self.signal_if_settled(&s);
     }

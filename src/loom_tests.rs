@@ -153,9 +153,16 @@ fn stop_callback_drop_vs_request() {
         };
         drop(guard);
         let after_drop = phase.load(Ordering::SeqCst);
-        assert_ne!(after_drop, 1, "callback still running after its guard was dropped");
+        assert_ne!(
+            after_drop, 1,
+            "callback still running after its guard was dropped"
+        );
         stopper.join().unwrap();
-        assert_eq!(phase.load(Ordering::SeqCst), after_drop, "callback ran after its guard was dropped");
+        assert_eq!(
+            phase.load(Ordering::SeqCst),
+            after_drop,
+            "callback ran after its guard was dropped"
+        );
     });
 }
 
@@ -169,7 +176,9 @@ fn shutdown_vs_submit() {
             thread::spawn(move || pool.shutdown())
         };
         let r = ran.clone();
-        let submitted = pool.offload(move |_| r.store(true, Ordering::SeqCst)).spawn();
+        let submitted = pool
+            .offload(move |_| r.store(true, Ordering::SeqCst))
+            .spawn();
         closer.join().unwrap();
         match submitted {
             Ok(job) => {

@@ -107,7 +107,7 @@ impl EventQueue {
     pub(crate) fn push(&mut self, core: &JobCore, kind: EventKind) {
         self.events.push_back(JobEvent {
             id: core.id,
-            name: core.name.clone(),
+            name: core.name().cloned(),
             kind,
             at: Instant::now(),
         });

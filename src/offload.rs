@@ -202,7 +202,7 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let core = JobCore::new(inner.next_id(), self.name, StopToken::with_deadline(deadline));
+        let core = JobCore::new(inner.next_id(), self.name, deadline);
         let job = Arc::new(Job::new(core, self.func));
         inner.submit(room, job.clone())?;
         let mut handle = JobHandle::new(job, inner.clone());
@@ -234,9 +234,7 @@ where
 
     fn into_future(self) -> OffloadFuture<F, T> {
         let began = Instant::now();
-        let policy = self
-            .policy
-            .unwrap_or(self.pool.inner().config.abandon);
+        let policy = self.policy.unwrap_or(self.pool.inner().config.abandon);
         OffloadFuture {
             began,
             limit: self.timeout,
@@ -386,8 +384,7 @@ where
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;
                     }
-                    let fate = handle.abandon(*this.policy, Departure::TimedOut);
-                    let out = handle.timed_out(this.began.elapsed(), fate);
+                    let out = handle.timed_out(this.began.elapsed(), Some(*this.policy));
                     *this.stage = Stage::Done;
                     return Poll::Ready(out);
                 }
@@ -411,7 +408,9 @@ fn poll_timer(
         return false;
     };
     if timer.is_none() {
-        let at = began.checked_add(limit).unwrap_or(began + Duration::from_secs(86_400 * 365));
+        let at = began
+            .checked_add(limit)
+            .unwrap_or(began + Duration::from_secs(86_400 * 365));
         timer.set(Some(tokio::time::sleep_until(at.into())));
     }
     match timer.as_pin_mut() {

@@ -15,19 +15,23 @@
 //! 3. Every counter in [`Counts`] changes in the critical section of the
 //!    transition it counts; a [`Metrics`] snapshot is copied under the lock.
 //!    So `accepted = queued + running + terminal` in every snapshot.
-//! 4. Worker bookkeeping (after tokio's blocking pool): `idle` counts waiting
-//!    workers not yet claimed, `notified` counts claims not yet picked up. A
-//!    submitter that finds `idle > 0` moves one from `idle` to `notified` and
-//!    signals; a waking worker first consumes a claim if there is one. A
-//!    worker that leaves the wait without a claim (time-out, shutdown)
-//!    takes itself out of `idle`.
+//! 4. Worker wake-ups (after Go's scheduler: wake one searcher at a
+//!    time): `searching` counts workers that are awake without a job and
+//!    will look at the queue under the lock before they park (spinning,
+//!    just unparked, or just spawned). A submitter wakes a parked worker (or
+//!    spawns one, below `max_in_flight`) only when nobody is searching; a
+//!    searcher that takes a job and leaves others queued wakes the next one
+//!    when it was the last searcher. So whenever the queue is not empty,
+//!    some worker is searching or every worker is busy and will come back
+//!    to the queue. A parked worker that finds itself still in `idle` was
+//!    not claimed (spurious wake-up or keep-alive expiry).
 //! 5. No user code (functions, their drops, results, wakers) runs while the
 //!    shared lock is held.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -35,11 +39,11 @@ use crate::error::{BuildError, Error, Rejected, SubmitError};
 use crate::job::{
     Job, JobCore, JobId, JobState, Task, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING,
 };
-use crate::observer::{deliver, EventKind, EventQueue, Observer, ObserverSlot};
 use crate::metrics::Metrics;
+use crate::observer::{deliver, EventKind, EventQueue, Observer, ObserverSlot};
 use crate::offload::{AbandonPolicy, Offload};
 use crate::stop::StopToken;
-use crate::sync::{lock, thread, Arc, Condvar, Mutex};
+use crate::sync::{lock, thread, Arc, Condvar, Mutex, MutexGuard};
 
 /// Largest queue capacity: tokio's semaphore limit, well beyond any sane
 /// configuration.
@@ -222,7 +226,7 @@ impl Builder {
             room: std::sync::Arc::new(Semaphore::new(c.queue_capacity)),
             config: c,
             shared: Mutex::new(Shared::default()),
-            work: Condvar::new(),
+            queue_hint: AtomicUsize::new(0),
             changed: Condvar::new(),
             progress: tokio::sync::Notify::new(),
             next_id: AtomicU64::new(0),
@@ -281,8 +285,10 @@ impl fmt::Debug for Offloader {
 pub(crate) struct Inner {
     pub(crate) config: Config,
     pub(crate) shared: Mutex<Shared>,
-    /// Idle workers wait here for a claim or a shutdown.
-    work: Condvar,
+    /// Number of queued jobs, written under the lock, read without it by
+    /// spinning workers. A hint only: decisions are re-checked under the
+    /// lock. Plain std atomic, outside the loom models (which do not spin).
+    queue_hint: AtomicUsize,
     /// Signalled when the pool may have become idle or terminated (blocking
     /// waiters, the stuck-job monitor).
     pub(crate) changed: Condvar,
@@ -303,8 +309,13 @@ pub(crate) struct Shared {
     /// permits held (inv. 1).
     pub(crate) running: Vec<Arc<dyn Task>>,
     pub(crate) workers: usize,
-    idle: usize,
-    notified: usize,
+    /// Parked workers not yet claimed, most recently parked last.
+    idle: Vec<(u64, thread::Thread)>,
+    /// Awake workers without a job that will check the queue (inv. 4).
+    searching: usize,
+    next_worker: u64,
+    /// Threads waiting in `idle()`, `terminated()` and their blocking forms.
+    pub(crate) settle_waiters: usize,
     pub(crate) shutdown: bool,
     /// The stuck-job monitor thread is alive.
     pub(crate) monitor: bool,
@@ -356,7 +367,11 @@ impl Inner {
     /// Allocates the next job id.
     pub(crate) fn next_id(&self) -> JobId {
         // ORDERING: only uniqueness matters; ids are not part of any proof.
-        JobId(self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+        JobId(
+            self.next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+        )
     }
 
     /// Enqueues `job`, which holds one unit of queue room, starting or
@@ -395,15 +410,18 @@ impl Inner {
             s.counts.rejected_shutdown += 1;
             return Err(Rejected::ShuttingDown);
         }
-        if s.idle > 0 {
-            s.idle -= 1;
-            s.notified += 1;
-            self.work.notify_one();
+        // Inv. 4: make sure some worker will look at the queue.
+        let mut wake = None;
+        if s.searching > 0 {
+            // A searcher will find it.
+        } else if let Some((_, parked)) = s.idle.pop() {
+            s.searching += 1;
+            wake = Some(parked);
         } else if s.workers < self.config.max_in_flight {
             if let Err(e) = self.spawn_worker(&mut s) {
                 s.counts.rejected_spawn += 1;
                 tracing::warn!(
-                    parent: &task.core().span,
+                    parent: &task.core().span(),
                     error = %e,
                     "could not spawn a worker thread; job refused"
                 );
@@ -419,11 +437,16 @@ impl Inner {
             }
         }
         s.counts.accepted += 1;
-        tracing::trace!(parent: &task.core().span, "accepted");
+        tracing::trace!(parent: &task.core().span(), "accepted");
         if self.config.observer.is_some() {
             s.events.push(task.core(), EventKind::Accepted);
         }
         s.queue.push_back(task);
+        self.queue_hint.store(s.queue.len(), StdOrdering::Release);
+        drop(s);
+        if let Some(parked) = wake {
+            parked.unpark();
+        }
         Ok(())
     }
 
@@ -432,15 +455,19 @@ impl Inner {
             s.inject_spawn_failures -= 1;
             return Err(std::io::Error::from_raw_os_error(11)); // EAGAIN
         }
-        self.spawn_thread("worker", |inner| inner.work_loop())?;
+        s.next_worker += 1;
+        let me = s.next_worker;
+        self.spawn_thread("worker", move |inner| inner.work_loop(me))?;
         s.workers += 1;
+        // A new worker starts out searching.
+        s.searching += 1;
         Ok(())
     }
 
     fn spawn_thread(
         self: &Arc<Self>,
         role: &str,
-        body: fn(Arc<Inner>),
+        body: impl FnOnce(Arc<Inner>) + Send + 'static,
     ) -> std::io::Result<()> {
         let name = match role {
             "worker" => self.config.thread_name.clone(),
@@ -462,14 +489,16 @@ impl Inner {
             return false;
         }
         let task = remove_queued(&mut s.queue, core.id);
+        self.queue_hint.store(s.queue.len(), StdOrdering::Release);
         s.counts.cancelled += 1;
         if self.config.observer.is_some() {
-            s.events.push(core, EventKind::Finished(JobState::Cancelled));
+            s.events
+                .push(core, EventKind::Finished(JobState::Cancelled));
         }
         self.signal_if_settled(&s);
         drop(s);
         self.room.add_permits(1);
-        tracing::debug!(parent: &core.span, "cancelled before start");
+        tracing::debug!(parent: &core.span(), "cancelled before start");
         if let Some(task) = task {
             task.discard(Error::Cancelled { id: core.id });
         }
@@ -478,12 +507,12 @@ impl Inner {
     }
 
     /// Requests stop on job `core`; `true` if this call made the request.
-    pub(crate) fn stop(&self, core: &JobCore) -> bool {
-        if !core.stop.request_stop() {
+    pub(crate) fn stop(&self, task: &dyn Task) -> bool {
+        if !crate::stop::request_stop(task) {
             return false;
         }
         lock(&self.shared).counts.stop_requests += 1;
-        tracing::debug!(parent: &core.span, "stop requested");
+        tracing::debug!(parent: &task.core().span(), "stop requested");
         true
     }
 
@@ -513,9 +542,16 @@ impl Inner {
             return false;
         }
         s.shutdown = true;
-        self.work.notify_all();
+        // Claim every parked worker: each re-checks the queue, drains it and
+        // exits (inv. 4).
+        let parked = std::mem::take(&mut s.idle);
+        // Claimed workers count as searching (inv. 4).
+        s.searching += parked.len();
         self.signal_if_settled(&s);
         drop(s);
+        for (_, worker) in parked {
+            worker.unpark();
+        }
         // Wakes callers waiting for room; they see `ShuttingDown`.
         self.room.close();
         tracing::debug!("offloader shutting down: new jobs are refused, queued jobs still run");
@@ -552,7 +588,9 @@ impl Inner {
     pub(crate) fn count_refusal(&self, reason: &Rejected) {
         let mut s = lock(&self.shared);
         match reason {
-            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => s.counts.rejected_full += 1,
+            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => {
+                s.counts.rejected_full += 1
+            }
             Rejected::ShuttingDown => s.counts.rejected_shutdown += 1,
             Rejected::ThreadSpawn(_) => s.counts.rejected_spawn += 1,
         }
@@ -561,7 +599,7 @@ impl Inner {
     /// Wakes idle/termination waiters if the pool just became idle or
     /// terminated. Called with the lock held, after the change.
     pub(crate) fn signal_if_settled(&self, s: &Shared) {
-        if s.is_idle() || s.is_terminated() {
+        if s.settle_waiters > 0 && (s.is_idle() || s.is_terminated()) {
             self.changed.notify_all();
             self.progress.notify_waiters();
         }
@@ -584,54 +622,138 @@ impl Inner {
         self.signal_if_settled(&s);
     }
 
-    /// The worker thread's body.
-    fn work_loop(self: Arc<Self>) {
-        let mut s = lock(&self.shared);
-        'work: loop {
-            while let Some(task) = self.next_job(&mut s) {
-                drop(s);
-                self.flush_events();
-                self.run(&task);
-                drop(task);
-                self.flush_events();
-                s = lock(&self.shared);
-            }
-            if s.shutdown {
-                break;
-            }
-            // Inv. 4: wait for a claim.
-            s.idle += 1;
-            loop {
-                let (guard, timeout) = match self.work.wait_timeout(s, self.config.keep_alive) {
-                    Ok(r) => r,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
-                s = guard;
-                if s.notified > 0 {
-                    s.notified -= 1;
-                    continue 'work;
-                }
-                if s.shutdown {
-                    s.idle -= 1;
-                    continue 'work;
-                }
-                if timeout.timed_out() {
-                    s.idle -= 1;
-                    break 'work;
-                }
-                // Spurious wake-up: still counted in `idle`, wait again.
+    /// The worker thread's body: run jobs while there are any, with one lock
+    /// acquisition per job (finish one, take the next), then spin or park.
+    fn work_loop(self: Arc<Self>, me: u64) {
+        let mut next = self.wait_for_work(me, true);
+        while let Some(task) = next {
+            self.flush_events();
+            let (panicked, ran) = self.run(&task);
+            let mut s = lock(&self.shared);
+            self.finish(&mut s, task.core(), panicked, ran);
+            next = self.next_job(&mut s);
+            drop(s);
+            // Inv. 1 and job.rs inv. 4: the permit is released, now publish.
+            log_finished(task.core(), panicked, ran);
+            task.publish();
+            drop(task);
+            self.flush_events();
+            if next.is_none() {
+                next = self.wait_for_work(me, false);
             }
         }
+        tracing::trace!("worker thread exiting");
+    }
+
+    /// Returns the next job, spinning then parking while there is none;
+    /// `None` when this worker should exit (shutdown or keep-alive expiry),
+    /// in which case it has already left `workers`. `searching` says
+    /// whether this worker is already counted in `searching` (inv. 4).
+    fn wait_for_work(self: &Arc<Self>, me: u64, mut searching: bool) -> Option<Arc<dyn Task>> {
+        let mut s = lock(&self.shared);
+        let mut spun = false;
+        loop {
+            if let Some(task) = self.next_job(&mut s) {
+                if searching {
+                    s.searching -= 1;
+                }
+                let wake = self.wake_another(&mut s);
+                drop(s);
+                if let Some(parked) = wake {
+                    parked.unpark();
+                }
+                return Some(task);
+            }
+            if s.shutdown {
+                if searching {
+                    s.searching -= 1;
+                }
+                return self.retire(s);
+            }
+            if SPIN && !spun && (searching || s.searching == 0) {
+                if !searching {
+                    s.searching += 1;
+                    searching = true;
+                }
+                drop(s);
+                self.spin();
+                spun = true;
+                s = lock(&self.shared);
+                continue;
+            }
+            if searching {
+                // Parked workers are not searching; a claimer re-counts it.
+                s.searching -= 1;
+            }
+            let parked_at = Instant::now();
+            s.idle.push((me, thread::current()));
+            loop {
+                drop(s);
+                park(self.config.keep_alive.saturating_sub(parked_at.elapsed()));
+                s = lock(&self.shared);
+                if !s.idle.iter().any(|(id, _)| *id == me) {
+                    // Claimed: the claimer counted this worker as searching.
+                    searching = true;
+                    spun = false;
+                    break;
+                }
+                if parked_at.elapsed() >= self.config.keep_alive {
+                    s.idle.retain(|(id, _)| *id != me);
+                    return self.retire(s);
+                }
+                // Spurious wake-up: still in `idle`, park again.
+            }
+        }
+    }
+
+    /// Called by a searcher that just took a job: if jobs are still queued
+    /// and nobody else is searching, claims a parked worker (returned, to be
+    /// unparked after the lock is released) or spawns one (inv. 4).
+    fn wake_another(self: &Arc<Self>, s: &mut Shared) -> Option<thread::Thread> {
+        if s.queue.is_empty() || s.searching > 0 {
+            return None;
+        }
+        if let Some((_, parked)) = s.idle.pop() {
+            s.searching += 1;
+            return Some(parked);
+        }
+        if s.workers < self.config.max_in_flight && !s.shutdown {
+            if let Err(e) = self.spawn_worker(s) {
+                // The job stays queued; this worker comes back for it.
+                tracing::debug!(error = %e, "could not spawn another worker; queued jobs wait for busy ones");
+            }
+        }
+        None
+    }
+
+    /// Takes this worker out of the pool's count as its last act.
+    fn retire(&self, mut s: MutexGuard<'_, Shared>) -> Option<Arc<dyn Task>> {
         s.workers -= 1;
         self.signal_if_settled(&s);
-        drop(s);
-        tracing::trace!("worker thread exiting");
+        None
+    }
+
+    /// Spins until a job is queued or the spin budget is spent.
+    fn spin(&self) {
+        let began = Instant::now();
+        let mut round = 0u32;
+        while self.queue_hint.load(StdOrdering::Acquire) == 0 {
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else if began.elapsed() >= SPIN_BUDGET {
+                return;
+            } else {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Pops the next job and moves it to `Running`, taking its permit
     /// (inv. 1). Called with the shared lock held.
     fn next_job(&self, s: &mut Shared) -> Option<Arc<dyn Task>> {
         let task = s.queue.pop_front()?;
+        self.queue_hint.store(s.queue.len(), StdOrdering::Release);
         self.room.add_permits(1);
         let core = task.core();
         if !core.transition(QUEUED, RUNNING) {
@@ -642,24 +764,28 @@ impl Inner {
         s.running.push(task.clone());
         debug_assert!(s.running.len() <= self.config.max_in_flight);
         s.counts.max_running = s.counts.max_running.max(s.running.len() as u64);
-        s.counts.queue_wait_total += core.accepted_at.elapsed();
+        s.counts.queue_wait_total += core.mark_started();
         if self.config.observer.is_some() {
             s.events.push(core, EventKind::Started);
         }
         Some(task)
     }
 
-    fn run(&self, task: &Arc<dyn Task>) {
+    /// Calls the job's function; returns whether it panicked and how long
+    /// it ran.
+    fn run(&self, task: &Arc<dyn Task>) -> (bool, Duration) {
         let core = task.core();
-        let _entered = core.span.enter();
+        let span = core.span();
+        let _entered = span.enter();
         tracing::debug!("started");
-        task.run(&mut |panicked| self.finish(core, panicked));
+        let stop = StopToken::from_source(task.clone());
+        let panicked = task.call(&stop);
+        (panicked, core.clock())
     }
 
     /// Releases the permit of a job whose function returned (inv. 1).
-    fn finish(&self, core: &JobCore, panicked: bool) {
-        let ran = core.started_at().map(|t| t.elapsed()).unwrap_or_default();
-        let mut s = lock(&self.shared);
+    /// Called with the shared lock held.
+    fn finish(&self, s: &mut Shared, core: &JobCore, panicked: bool, ran: Duration) {
         if let Some(at) = s.running.iter().position(|t| t.core().id == core.id) {
             s.running.swap_remove(at);
         }
@@ -676,17 +802,37 @@ impl Inner {
         if self.config.observer.is_some() {
             s.events.push(core, EventKind::Finished(state));
         }
-        self.signal_if_settled(&s);
-        drop(s);
-        if panicked {
-            tracing::warn!(ran = ?ran, "panicked; the panic was caught and the permit released");
-        } else {
-            tracing::debug!(ran = ?ran, "completed");
-        }
-        if core.caller_left() {
-            tracing::debug!(ran = ?ran, "finished after its caller stopped waiting");
-        }
+        self.signal_if_settled(s);
     }
+}
+
+/// Logs a finished job, outside the lock.
+fn log_finished(core: &JobCore, panicked: bool, ran: Duration) {
+    if panicked {
+        tracing::warn!(parent: &core.span(), ran = ?ran, "panicked; the panic was caught and the permit released");
+    } else {
+        tracing::debug!(parent: &core.span(), ran = ?ran, "completed");
+    }
+    if core.caller_left() {
+        tracing::debug!(parent: &core.span(), ran = ?ran, "finished after its caller stopped waiting");
+    }
+}
+
+/// Spinning before parking saves a futex wake-up when jobs arrive back to
+/// back. Off under loom, whose scheduler cannot preempt a spin loop.
+const SPIN: bool = cfg!(not(loom));
+/// How long a worker spins (then yields) before it parks.
+const SPIN_BUDGET: Duration = Duration::from_micros(50);
+
+#[cfg(not(loom))]
+fn park(timeout: Duration) {
+    std::thread::park_timeout(timeout);
+}
+
+#[cfg(loom)]
+fn park(_timeout: Duration) {
+    // loom has no timed park: workers in models never retire by keep-alive.
+    loom::thread::park();
 }
 
 /// Removes the queued job `id`, if present.

@@ -1,27 +1,94 @@
 //! The cooperative stop signal handed into every offloaded function.
 //!
+//! A token is a handle to a *stop source*: the job itself (so a job carries
+//! no second allocation for its token) or, for [`StopToken::new`], a small
+//! standalone one. The callback list and the sleepers' condvar live in a
+//! [`StopExt`] that a source creates only when first needed.
+//!
 //! # Invariants
 //!
 //! 1. `is_stopped()` is one atomic load; no lock sits behind the flag.
 //! 2. The flag goes from `false` to `true` once and never back; the thread
 //!    whose swap flips it is the only one that fires the callbacks.
-//! 3. Every callback registered with [`StopToken::on_stop`] runs at most once,
-//!    and exactly once if stop is requested while its guard is alive: either
-//!    the registering thread sees the flag already set (under the lock) and
-//!    runs it at once, or the callback is in the list when the stopping
-//!    thread drains it under the same lock.
-//! 4. No callback runs while the token's lock is held, and dropping a
+//! 3. The stopping thread sets the flag *before* it looks for the source's
+//!    `StopExt`; a registering or sleeping thread creates (or finds) the
+//!    `StopExt` *before* it reads the flag under the `StopExt`'s lock. So
+//!    either the registrant sees the flag set, or the stopper finds the
+//!    `StopExt` and drains it under its lock after the registrant pushed:
+//!    every callback registered while its guard lives runs exactly once, and
+//!    no sleeper misses the wake-up.
+//! 4. No callback runs while any lock is held, and dropping a
 //!    [`StopCallback`] guard waits for its callback if another thread is
 //!    running it right now, so after the drop the callback is neither running
 //!    nor will it ever run.
-//! 5. A sleeper in [`StopToken::sleep`] checks the flag under the lock and the
-//!    stopping thread notifies under the same lock, so no wake-up is lost.
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use crate::sync::{lock, thread, Arc, AtomicBool, Condvar, Mutex, Ordering};
+
+/// Where a [`StopToken`]'s state lives: a job, or a standalone source.
+pub(crate) trait StopSource: Send + Sync {
+    /// The stop flag (inv. 1).
+    fn stop_flag(&self) -> &AtomicBool;
+    /// The deadline, if one applies.
+    fn deadline(&self) -> Option<Instant>;
+    /// The callback list and condvar; created on first use when `create`.
+    fn ext(&self, create: bool) -> Option<Arc<StopExt>>;
+}
+
+/// Callbacks and sleepers of one stop source, allocated on first use.
+pub(crate) struct StopExt {
+    callbacks: Mutex<Callbacks>,
+    changed: Condvar,
+}
+
+type Callback = Box<dyn FnOnce() + Send + 'static>;
+
+struct Callbacks {
+    next_key: u64,
+    pending: Vec<(u64, Callback)>,
+    /// The callback being run by the stopping thread right now, if any.
+    running: Option<(u64, thread::ThreadId)>,
+}
+
+impl StopExt {
+    pub(crate) fn new() -> Self {
+        StopExt {
+            callbacks: Mutex::new(Callbacks {
+                next_key: 0,
+                pending: Vec::new(),
+                running: None,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+/// Requests stop on `src`; `true` if this call made the request.
+pub(crate) fn request_stop(src: &dyn StopSource) -> bool {
+    // ORDERING: AcqRel so that exactly one caller wins (inv. 2) and
+    // publishes its writes to `is_stopped` readers.
+    if src.stop_flag().swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    // Inv. 3: the flag is set; now look for registrants and sleepers.
+    let Some(ext) = src.ext(false) else {
+        return true;
+    };
+    let mut guard = lock(&ext.callbacks);
+    ext.changed.notify_all();
+    while let Some((key, callback)) = guard.pending.pop() {
+        guard.running = Some((key, thread::current().id()));
+        drop(guard);
+        run_callback(callback);
+        guard = lock(&ext.callbacks);
+        guard.running = None;
+        ext.changed.notify_all();
+    }
+    true
+}
 
 /// A cooperative stop request, handed into every offloaded function.
 ///
@@ -35,14 +102,12 @@ use crate::sync::{lock, thread, Arc, AtomicBool, Condvar, Mutex, Ordering};
 /// running, and keeps its permit, until it returns.
 ///
 /// Stop is requested by [`JobHandle::stop`](crate::JobHandle::stop), by
-/// [`JobHandle::cancel`](crate::JobHandle::cancel) on a running job, or by the
+/// [`Offloader::shutdown_now`](crate::Offloader::shutdown_now), or by the
 /// [`AbandonPolicy::CancelAndStop`](crate::AbandonPolicy::CancelAndStop)
 /// policy when the caller stops waiting.
 ///
 /// The token is cheap to clone (one reference count) and `Send + Sync`, so
 /// it can be moved into a helper thread or a callback.
-///
-/// # Examples
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -66,23 +131,36 @@ use crate::sync::{lock, thread, Arc, AtomicBool, Condvar, Mutex, Ordering};
 /// ```
 #[derive(Clone)]
 pub struct StopToken {
-    inner: Arc<Inner>,
+    src: std::sync::Arc<dyn StopSource>,
 }
 
-struct Inner {
+/// The source behind [`StopToken::new`].
+struct Standalone {
     stopped: AtomicBool,
-    deadline: Option<Instant>,
-    callbacks: Mutex<Callbacks>,
-    changed: Condvar,
+    ext: Mutex<Option<Arc<StopExt>>>,
 }
 
-type Callback = Box<dyn FnOnce() + Send + 'static>;
+impl StopSource for Standalone {
+    fn stop_flag(&self) -> &AtomicBool {
+        &self.stopped
+    }
 
-struct Callbacks {
-    next_key: u64,
-    pending: Vec<(u64, Callback)>,
-    /// The callback being run by the stopping thread right now, if any.
-    running: Option<(u64, thread::ThreadId)>,
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    fn ext(&self, create: bool) -> Option<Arc<StopExt>> {
+        lazy_ext(&self.ext, create)
+    }
+}
+
+/// Returns the `StopExt` kept in `slot`, creating it when `create`.
+pub(crate) fn lazy_ext(slot: &Mutex<Option<Arc<StopExt>>>, create: bool) -> Option<Arc<StopExt>> {
+    let mut slot = lock(slot);
+    if create && slot.is_none() {
+        *slot = Some(Arc::new(StopExt::new()));
+    }
+    slot.clone()
 }
 
 /// The error a function returns when it notices that stop was requested.
@@ -113,29 +191,23 @@ impl StopToken {
     /// assert!(stop.is_stopped());
     /// ```
     pub fn new() -> Self {
-        Self::with_deadline(None)
-    }
-
-    pub(crate) fn with_deadline(deadline: Option<Instant>) -> Self {
         StopToken {
-            inner: Arc::new(Inner {
+            src: std::sync::Arc::new(Standalone {
                 stopped: AtomicBool::new(false),
-                deadline,
-                callbacks: Mutex::new(Callbacks {
-                    next_key: 0,
-                    pending: Vec::new(),
-                    running: None,
-                }),
-                changed: Condvar::new(),
+                ext: Mutex::new(None),
             }),
         }
+    }
+
+    pub(crate) fn from_source(src: std::sync::Arc<dyn StopSource>) -> Self {
+        StopToken { src }
     }
 
     /// Returns `true` once stop has been requested. One atomic load.
     pub fn is_stopped(&self) -> bool {
         // ORDERING: Acquire pairs with the AcqRel swap in `request_stop`, so a
         // function that sees `true` also sees what the stopper wrote before.
-        self.inner.stopped.load(Ordering::Acquire)
+        self.src.stop_flag().load(Ordering::Acquire)
     }
 
     /// Returns `Err(Stopped)` once stop has been requested, for `?`.
@@ -170,14 +242,13 @@ impl StopToken {
     /// function how long its answer is still useful, for example to set a
     /// socket's read timeout.
     pub fn deadline(&self) -> Option<Instant> {
-        self.inner.deadline
+        self.src.deadline()
     }
 
     /// Time left until [`deadline`](Self::deadline), saturating at zero;
     /// `None` when no deadline applies.
     pub fn remaining(&self) -> Option<Duration> {
-        self.inner
-            .deadline
+        self.deadline()
             .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
@@ -196,10 +267,7 @@ impl StopToken {
     /// assert!(t.elapsed() < Duration::from_secs(60));
     /// ```
     pub fn sleep(&self, duration: Duration) -> Result<(), Stopped> {
-        match Instant::now().checked_add(duration) {
-            Some(until) => self.sleep_until(until),
-            None => self.wait_for_stop(None),
-        }
+        self.wait_for_stop(Instant::now().checked_add(duration))
     }
 
     /// Sleeps until `instant`, waking early if stop is requested.
@@ -208,9 +276,13 @@ impl StopToken {
     }
 
     fn wait_for_stop(&self, until: Option<Instant>) -> Result<(), Stopped> {
-        let mut guard = lock(&self.inner.callbacks);
+        self.check()?;
+        let Some(ext) = self.src.ext(true) else {
+            return Ok(());
+        };
+        let mut guard = lock(&ext.callbacks);
         loop {
-            // Checked under the lock; `request_stop` notifies under it (inv. 5).
+            // Inv. 3: read under the StopExt lock, after it exists.
             self.check()?;
             let now = Instant::now();
             let wait = match until {
@@ -218,7 +290,7 @@ impl StopToken {
                 Some(until) => until - now,
                 None => Duration::from_secs(3600),
             };
-            guard = match self.inner.changed.wait_timeout(guard, wait) {
+            guard = match ext.changed.wait_timeout(guard, wait) {
                 Ok((g, _)) => g,
                 Err(poisoned) => poisoned.into_inner().0,
             };
@@ -232,22 +304,7 @@ impl StopToken {
     /// [`on_stop`](Self::on_stop) callbacks before this returns. A callback
     /// that panics is caught and logged; the others still run.
     pub fn request_stop(&self) -> bool {
-        // ORDERING: AcqRel so that exactly one caller wins (inv. 2) and
-        // publishes its writes to `is_stopped` readers.
-        if self.inner.stopped.swap(true, Ordering::AcqRel) {
-            return false;
-        }
-        let mut guard = lock(&self.inner.callbacks);
-        self.inner.changed.notify_all();
-        while let Some((key, callback)) = guard.pending.pop() {
-            guard.running = Some((key, thread::current().id()));
-            drop(guard);
-            run_callback(callback);
-            guard = lock(&self.inner.callbacks);
-            guard.running = None;
-            self.inner.changed.notify_all();
-        }
-        true
+        request_stop(&*self.src)
     }
 
     /// Registers `callback` to run once when stop is requested, or at once
@@ -282,9 +339,13 @@ impl StopToken {
     where
         F: FnOnce() + Send + 'static,
     {
-        let mut guard = lock(&self.inner.callbacks);
-        // Read under the lock (inv. 3): if false here, `request_stop` has not
-        // drained the list yet and will find this callback in it.
+        let Some(ext) = self.src.ext(true) else {
+            run_callback(Box::new(callback));
+            return StopCallback { registration: None };
+        };
+        let mut guard = lock(&ext.callbacks);
+        // Inv. 3: read under the lock, after the StopExt exists; if false,
+        // the stopper has yet to drain the list and will find this callback.
         if self.is_stopped() {
             drop(guard);
             run_callback(Box::new(callback));
@@ -293,15 +354,18 @@ impl StopToken {
         let key = guard.next_key;
         guard.next_key += 1;
         guard.pending.push((key, Box::new(callback)));
+        drop(guard);
         StopCallback {
-            registration: Some((self.clone(), key)),
+            registration: Some((ext, key)),
         }
     }
 }
 
 fn run_callback(callback: Callback) {
     if catch_unwind(AssertUnwindSafe(callback)).is_err() {
-        tracing::warn!("a stop callback panicked; the panic was caught and the other callbacks still ran");
+        tracing::warn!(
+            "a stop callback panicked; the panic was caught and the other callbacks still ran"
+        );
     }
 }
 
@@ -315,7 +379,7 @@ impl fmt::Debug for StopToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StopToken")
             .field("stopped", &self.is_stopped())
-            .field("deadline", &self.inner.deadline)
+            .field("deadline", &self.deadline())
             .finish()
     }
 }
@@ -327,17 +391,14 @@ impl fmt::Debug for StopToken {
 /// if another thread is running it at that moment, the drop waits for it.
 #[must_use = "dropping the guard unregisters the callback at once"]
 pub struct StopCallback {
-    registration: Option<(StopToken, u64)>,
+    registration: Option<(Arc<StopExt>, u64)>,
 }
 
 impl StopCallback {
     /// Returns `true` if the callback is still waiting for a stop request.
     pub fn is_registered(&self) -> bool {
         match &self.registration {
-            Some((token, key)) => lock(&token.inner.callbacks)
-                .pending
-                .iter()
-                .any(|(k, _)| k == key),
+            Some((ext, key)) => lock(&ext.callbacks).pending.iter().any(|(k, _)| k == key),
             None => false,
         }
     }
@@ -345,11 +406,11 @@ impl StopCallback {
 
 impl Drop for StopCallback {
     fn drop(&mut self) {
-        let Some((token, key)) = self.registration.take() else {
+        let Some((ext, key)) = self.registration.take() else {
             return;
         };
         let me = thread::current().id();
-        let mut guard = lock(&token.inner.callbacks);
+        let mut guard = lock(&ext.callbacks);
         if let Some(i) = guard.pending.iter().position(|(k, _)| *k == key) {
             let (_, callback) = guard.pending.swap_remove(i);
             drop(guard);
@@ -359,7 +420,7 @@ impl Drop for StopCallback {
         }
         // Inv. 4: wait while another thread runs this very callback.
         while matches!(guard.running, Some((k, t)) if k == key && t != me) {
-            guard = match token.inner.changed.wait(guard) {
+            guard = match ext.changed.wait(guard) {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };

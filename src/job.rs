@@ -501,3 +501,21 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         "<non-string panic payload>".to_owned()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Memory target (issue 4): a queued no-op job is one allocation of at
+    /// most 104 bytes with its reference counts (a 112-byte malloc chunk),
+    /// plus its 16-byte queue slot: 128 bytes.
+    #[test]
+    fn a_queued_noop_job_is_one_small_allocation() {
+        let job = Job::new(JobCore::new(JobId(1), None, None), |_: &StopToken| 0u64);
+        let bytes = std::mem::size_of_val(&job) + 2 * std::mem::size_of::<usize>();
+        assert!(
+            bytes <= 104,
+            "a no-op job takes {bytes} bytes with its Arc counts"
+        );
+    }
+}

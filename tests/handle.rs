@@ -1,0 +1,372 @@
+//! The owner handle, `JobHandle<T>`: waiting without being consumed, waiting
+//! from synchronous code, detaching, state and `is_finished`, and a spawned
+//! job's own wait limit.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+
+use common::*;
+use offloader::{Error, Fate, JobState, Offloader};
+
+fn single() -> Offloader {
+    Offloader::builder()
+        .max_in_flight(1)
+        .build()
+        .expect("valid configuration")
+}
+
+fn assert_timed_out(err: &Error, want_state: JobState) {
+    match err {
+        Error::TimedOut { state, fate, .. } => {
+            assert_eq!(*state, want_state, "{err}");
+            assert_eq!(*fate, Fate::KeptRunning, "{err}");
+        }
+        other => panic!("expected Error::TimedOut, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_leaves_the_handle_usable() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<()>();
+    let (mut g, hold) = gate();
+    let mut h = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            "value"
+        })
+        .name("held")
+        .spawn()
+        .expect("accepted");
+    recv("started", &mut started).await;
+
+    let err = h.wait_timeout(SHORT).await.expect_err("held on a gate");
+    assert_timed_out(&err, JobState::Running);
+    assert_eq!(err.job_id(), Some(h.id()));
+    // Twice: still usable, still running.
+    let err = h.wait_timeout(SHORT).await.expect_err("still held");
+    assert_timed_out(&err, JobState::Running);
+    assert!(!h.is_finished());
+    assert_eq!(h.state(), JobState::Running);
+    assert_eq!(h.name(), Some("held"));
+    let m = pool.metrics();
+    assert_eq!((m.running, m.callers_left()), (1, 0), "{m:?}");
+
+    g.open();
+    assert_eq!(within("handle after timeouts", h).await.unwrap(), "value");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_on_a_queued_job_reports_queued() {
+    let pool = single();
+    let (mut blocker_gate, blocker) = occupy(&pool).await;
+    let mut h = pool.offload(|_stop| 5).spawn().expect("accepted");
+    let err = h
+        .wait_timeout(SHORT)
+        .await
+        .expect_err("queued behind a held job");
+    assert_timed_out(&err, JobState::Queued);
+    blocker_gate.open();
+    within("blocker", blocker).await.unwrap();
+    assert_eq!(within("queued job", &mut h).await.unwrap(), 5);
+    // The outcome was taken; a second wait says so instead of hanging.
+    let again = within("second await", &mut h).await.unwrap_err();
+    assert!(
+        matches!(again, Error::OutcomeTaken { id } if id == h.id()),
+        "{again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_wait_from_a_plain_std_thread() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<()>();
+    let (mut g, hold) = gate();
+    let h = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            String::from("from a worker")
+        })
+        .spawn()
+        .expect("accepted");
+    let (waiting_tx, waiting_rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        waiting_tx.send(()).expect("test alive");
+        h.blocking_wait()
+    });
+    recv("started", &mut started).await;
+    waiting_rx.recv_timeout(HANG).expect("waiter thread runs");
+    g.open();
+    let out = tokio::task::spawn_blocking(move || waiter.join())
+        .await
+        .expect("join task")
+        .expect("waiter thread did not panic");
+    assert_eq!(out.unwrap(), "from a worker");
+}
+
+/// No async runtime at all: spawn, wait with and without a limit.
+#[test]
+fn blocking_waits_work_without_any_runtime() {
+    let pool = single();
+    let (started_tx, started_rx) = mpsc::channel();
+    let (mut g, hold) = gate();
+    let mut h = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            41 + 1
+        })
+        .spawn()
+        .expect("spawn needs no runtime");
+    started_rx.recv_timeout(HANG).expect("started");
+
+    let err = h.blocking_wait_timeout(SHORT).expect_err("held on a gate");
+    assert_timed_out(&err, JobState::Running);
+    assert!(!h.is_finished());
+
+    g.open();
+    assert_eq!(h.blocking_wait_timeout(HANG).unwrap(), 42);
+    assert!(h.is_finished());
+    assert!(matches!(
+        h.blocking_wait_timeout(HANG),
+        Err(Error::OutcomeTaken { .. })
+    ));
+
+    let h = pool.offload(|_stop| "plain").spawn().expect("accepted");
+    assert_eq!(h.blocking_wait().unwrap(), "plain");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_keeps_the_job_running() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<()>();
+    let (ran_tx, mut ran) = signal::<&'static str>();
+    let (mut g, hold) = gate();
+    let h = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            ran_tx.send("detached ran").expect("test alive");
+        })
+        .spawn()
+        .expect("accepted");
+    recv("started", &mut started).await;
+    h.detach();
+    assert_eq!(pool.metrics().running, 1);
+    g.open();
+    assert_eq!(
+        recv("detached job finishes", &mut ran).await,
+        "detached ran"
+    );
+    drain_single(&pool).await;
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.running, m.cancelled), (2, 0, 0), "{m:?}");
+    assert_ledger(&m);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_handle_detaches_queued_and_running_jobs() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<()>();
+    let (ran_tx, mut ran) = signal::<&'static str>();
+    let (mut g, hold) = gate();
+    let tx = ran_tx.clone();
+    let running = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            tx.send("running one").expect("test alive");
+        })
+        .spawn()
+        .expect("accepted");
+    recv("started", &mut started).await;
+    let tx = ran_tx.clone();
+    let queued = pool
+        .offload(move |stop| {
+            // Dropping a handle must not stop the job.
+            let msg = if stop.is_stopped() {
+                "queued one, stopped"
+            } else {
+                "queued one"
+            };
+            tx.send(msg).expect("test alive");
+        })
+        .spawn()
+        .expect("accepted");
+    assert_eq!(queued.state(), JobState::Queued);
+    drop(running);
+    drop(queued);
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued, m.cancelled), (1, 1, 0), "{m:?}");
+    g.open();
+    assert_eq!(recv("running one", &mut ran).await, "running one");
+    assert_eq!(recv("queued one", &mut ran).await, "queued one");
+    drain_single(&pool).await;
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.panicked, m.cancelled), (3, 0, 0), "{m:?}");
+    // A dropped handle is not a caller that left: there was nobody waiting.
+    assert_eq!(m.stop_requests, 0, "{m:?}");
+    assert_ledger(&m);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_finished_turns_true_once_the_outcome_is_ready() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<()>();
+    let (mut g, hold) = gate();
+    let a = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            "a"
+        })
+        .spawn()
+        .expect("accepted");
+    recv("a started", &mut started).await;
+    assert!(!a.is_finished());
+    let b = pool.offload(|_stop| "b").spawn().expect("accepted");
+    assert!(!b.is_finished());
+    g.open();
+    // One worker, in order: once b's outcome is here, a's was published.
+    assert_eq!(within("b", b).await.unwrap(), "b");
+    assert!(a.is_finished(), "a finished before b started");
+    assert_eq!(a.state(), JobState::Completed);
+    assert_eq!(within("a", a).await.unwrap(), "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_goes_queued_running_completed() {
+    let pool = single();
+    let (mut blocker_gate, blocker) = occupy(&pool).await;
+    let (started_tx, mut started) = signal::<()>();
+    let (mut g, hold) = gate();
+    let mut h = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            9
+        })
+        .spawn()
+        .expect("accepted");
+    assert_eq!(h.state(), JobState::Queued);
+    assert!(!h.state().is_terminal());
+
+    blocker_gate.open();
+    within("blocker", blocker).await.unwrap();
+    recv("started", &mut started).await;
+    assert_eq!(h.state(), JobState::Running);
+    assert!(!h.is_finished());
+
+    g.open();
+    assert_eq!(within("job", &mut h).await.unwrap(), 9);
+    assert_eq!(h.state(), JobState::Completed);
+    assert!(h.state().is_terminal());
+    assert!(h.is_finished());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awaiting_mut_handle_after_its_spawned_timeout() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<bool>();
+    let (mut g, hold) = gate();
+    let mut h = pool
+        .offload(move |stop| {
+            started_tx
+                .send(stop.deadline().is_some())
+                .expect("test alive");
+            hold.wait();
+            "late but kept"
+        })
+        .with_timeout(SHORT)
+        .spawn()
+        .expect("accepted");
+    assert!(
+        recv("started", &mut started).await,
+        "a spawned job's timeout is its deadline"
+    );
+
+    // The first await is bounded by the spawn's with_timeout.
+    let err = within("first await", &mut h).await.unwrap_err();
+    assert_timed_out(&err, JobState::Running);
+    assert_eq!(err.job_id(), Some(h.id()));
+    // A handle's own timeout does not abandon the job.
+    assert!(!h.is_stop_requested());
+    assert_eq!(h.state(), JobState::Running);
+    assert_eq!(pool.metrics().cancelled, 0);
+
+    // Later awaits wait without the limit.
+    g.open();
+    assert_eq!(
+        within("second await", &mut h).await.unwrap(),
+        "late but kept"
+    );
+    assert_eq!(h.state(), JobState::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_on_a_queued_job_starts_it_with_the_token_stopped() {
+    let pool = single();
+    let (mut blocker_gate, blocker) = occupy(&pool).await;
+    let h = pool
+        .offload(|stop| stop.is_stopped())
+        .spawn()
+        .expect("accepted");
+    assert!(h.stop());
+    assert!(h.is_stop_requested());
+    assert_eq!(h.state(), JobState::Queued);
+    blocker_gate.open();
+    within("blocker", blocker).await.unwrap();
+    assert!(
+        within("stopped job", h).await.unwrap(),
+        "the function must see its token already stopped"
+    );
+    assert_eq!(pool.metrics().stop_requests, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_are_unique_and_increasing_and_names_are_kept() {
+    let pool = Offloader::builder()
+        .max_in_flight(2)
+        .build()
+        .expect("valid");
+    let a = pool.offload(|_stop| ()).name("first").spawn().unwrap();
+    let b = pool.offload(|_stop| ()).spawn().unwrap();
+    assert!(a.id() < b.id());
+    assert_ne!(a.id().as_u64(), b.id().as_u64());
+    assert_eq!(a.name(), Some("first"));
+    assert_eq!(b.name(), None);
+    let dbg = format!("{a:?}");
+    assert!(dbg.contains("first"), "{dbg}");
+    within("a", a).await.unwrap();
+    within("b", b).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_job_may_outlive_every_offloader_clone() {
+    let pool = single();
+    let (started_tx, mut started) = signal::<()>();
+    let (mut g, hold) = gate();
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    let h = pool
+        .offload(move |_stop| {
+            started_tx.send(()).expect("test alive");
+            hold.wait();
+            d.store(true, Ordering::SeqCst);
+            "survived"
+        })
+        .spawn()
+        .expect("accepted");
+    recv("started", &mut started).await;
+    drop(pool); // graceful shutdown: running work still runs
+    g.open();
+    assert_eq!(
+        within("handle outlives the pool", h).await.unwrap(),
+        "survived"
+    );
+    assert!(done.load(Ordering::SeqCst));
+}

@@ -1,0 +1,1400 @@
+//! Lifecycle contract (DESIGN invariants 4, 6, 7, 8): graceful, immediate and
+//! staged shutdown, rejection of new work and of producers blocked on a full
+//! queue, idleness and termination as facts separate from "queue empty",
+//! running-job reports, the stuck-job warning, try-form backpressure, and
+//! dropping the last `Offloader` clone.
+//!
+//! Ordering is always by gates and "started" messages: a function that must
+//! still be running is held on a [`Gate`] the test opens only after it has
+//! checked what it wanted to check. The short `PENDING` timeouts only prove
+//! that something is still waiting on a function held on a gate.
+
+mod lifecycle_support;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use lifecycle_support::*;
+use offloader::{Error, JobState, Offloader, Rejected, StopToken, Stopped};
+
+fn pool(max_in_flight: usize, queue_capacity: usize) -> Offloader {
+    Offloader::builder()
+        .max_in_flight(max_in_flight)
+        .queue_capacity(queue_capacity)
+        .build()
+        .expect("valid configuration")
+}
+
+fn flag() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+fn is_shutting_down(err: &Error) -> bool {
+    matches!(err, Error::Rejected(Rejected::ShuttingDown))
+}
+
+// ---------------------------------------------------------------------------
+// (a) graceful shutdown
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_running_and_queued_jobs_then_terminates() {
+    const N: usize = 6;
+    let pool = pool(2, 16);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<usize>();
+    let ran = Arc::new(AtomicU64::new(0));
+
+    let mut handles = Vec::new();
+    for i in 0..N {
+        let (g, tx, ran) = (gate.clone(), started_tx.clone(), ran.clone());
+        let h = pool
+            .offload(move |_stop| {
+                let _ = tx.send(i);
+                g.wait();
+                ran.fetch_add(1, Ordering::SeqCst);
+                i * 10
+            })
+            .name(format!("graceful-{i}"))
+            .spawn()
+            .expect("the queue has room");
+        handles.push(h);
+    }
+    // Two of them run (and are held), four wait in the queue.
+    recv(&mut started).await;
+    recv(&mut started).await;
+    let m = pool.metrics();
+    assert_eq!((m.accepted, m.running, m.queued), (N as u64, 2, 4), "{m:?}");
+
+    pool.shutdown();
+    // Shut down is not terminated: both facts read while the jobs still run.
+    assert!(
+        pool.is_shutdown(),
+        "is_shutdown() must be true right after shutdown()"
+    );
+    assert!(
+        !pool.is_terminated(),
+        "terminated while two functions are held on a gate"
+    );
+    assert!(!pool.is_idle(), "idle while jobs are running and queued");
+    let m = pool.metrics();
+    assert_eq!(
+        (m.running, m.queued),
+        (2, 4),
+        "graceful shutdown must not drop queued jobs: {m:?}"
+    );
+    assert!(m.ledger_balances(), "{m:?}");
+    assert!(
+        still_pending(pool.terminated()).await,
+        "terminated() completed while functions were held on a gate"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+    // New work is refused at once.
+    let refused = pool.offload(|_stop| 0).spawn().expect_err("shut down");
+    assert!(
+        matches!(refused.reason(), Rejected::ShuttingDown),
+        "{refused:?}"
+    );
+
+    gate.open();
+    for (i, h) in handles.into_iter().enumerate() {
+        let v = within("a job accepted before shutdown", h)
+            .await
+            .expect("jobs accepted before a graceful shutdown still run");
+        assert_eq!(v, i * 10);
+    }
+    within("terminated() after every job finished", pool.terminated()).await;
+    assert!(pool.is_terminated());
+    assert!(pool.is_idle());
+    assert!(pool.is_shutdown());
+    let m = pool.metrics();
+    assert_eq!(
+        m.workers, 0,
+        "terminated means every worker thread exited: {m:?}"
+    );
+    assert_eq!(
+        (m.completed, m.queued, m.running),
+        (N as u64, 0, 0),
+        "{m:?}"
+    );
+    assert_eq!(m.rejected_shutdown, 1, "{m:?}");
+    assert_eq!(m.max_running, 2, "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), N as u64);
+    assert!(pool.await_termination(Duration::ZERO).await);
+    let p = pool.clone();
+    assert!(
+        tokio::task::spawn_blocking(move || p.blocking_await_termination(Some(Duration::ZERO)))
+            .await
+            .unwrap()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// (b) rejection after shutdown, and producers blocked on a full queue
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_work_after_shutdown_is_rejected_and_the_closure_handed_back() {
+    let pool = pool(1, 4);
+    pool.shutdown();
+    assert!(pool.is_shutdown());
+    let ran = flag();
+
+    // Awaited directly.
+    let r = ran.clone();
+    let err = pool
+        .offload(move |_stop| r.store(true, Ordering::SeqCst))
+        .await
+        .expect_err("refused after shutdown");
+    assert!(is_shutting_down(&err), "{err:?}");
+    assert!(err.is_rejected());
+    assert_eq!(err.job_id(), None, "a refused job was never accepted");
+
+    // Try form: the closure comes back unrun and still callable.
+    let r = ran.clone();
+    let refused = pool
+        .offload(move |_stop| {
+            r.store(true, Ordering::SeqCst);
+            41 + 1
+        })
+        .name("refused")
+        .spawn()
+        .expect_err("refused after shutdown");
+    assert!(
+        matches!(refused.reason(), Rejected::ShuttingDown),
+        "{refused:?}"
+    );
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the refused closure must not have run"
+    );
+    let f = refused.into_inner();
+    assert_eq!(f(&StopToken::new()), 42);
+    assert!(
+        ran.swap(false, Ordering::SeqCst),
+        "the handed-back closure is the original one"
+    );
+
+    // Waiting form.
+    let r = ran.clone();
+    let refused = pool
+        .offload(move |_stop| {
+            r.store(true, Ordering::SeqCst);
+            "submitted"
+        })
+        .submit()
+        .await
+        .expect_err("refused after shutdown");
+    assert!(
+        matches!(refused.reason(), Rejected::ShuttingDown),
+        "{refused:?}"
+    );
+    let (_reason, f) = refused.into_parts();
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(f(&StopToken::new()), "submitted");
+
+    let m = pool.metrics();
+    assert_eq!((m.accepted, m.rejected_shutdown), (0, 3), "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+    within(
+        "terminated() of a pool that never ran anything",
+        pool.terminated(),
+    )
+    .await;
+    assert!(pool.is_terminated());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_blocked_on_a_full_queue_are_woken_by_shutdown() {
+    let pool = pool(1, 1);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    let g = gate.clone();
+    let running = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            "running"
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let queued = pool
+        .offload(|_stop| "queued")
+        .spawn()
+        .expect("one slot of room");
+    // The queue is now full: one running (held), one queued.
+
+    let submit_ran = flag();
+    let direct_ran = flag();
+
+    // Producer 1: `submit().await` waits for room.
+    let (p, r) = (pool.clone(), submit_ran.clone());
+    let mut submitter = tokio::spawn(async move {
+        match p
+            .offload(move |_stop| {
+                r.store(true, Ordering::SeqCst);
+                "p1"
+            })
+            .name("blocked-submit")
+            .submit()
+            .await
+        {
+            Ok(_handle) => Ok(()),
+            Err(e) => {
+                let shutting_down = matches!(e.reason(), Rejected::ShuttingDown);
+                let f = e.into_inner();
+                Err((shutting_down, f))
+            }
+        }
+    });
+    // Producer 2: a directly awaited offload waits for room too.
+    let (p, r) = (pool.clone(), direct_ran.clone());
+    let mut direct = tokio::spawn(async move {
+        p.offload(move |_stop| r.store(true, Ordering::SeqCst))
+            .name("blocked-await")
+            .await
+    });
+
+    assert!(
+        still_pending(&mut submitter).await,
+        "submit() must wait while the queue is full"
+    );
+    assert!(
+        still_pending(&mut direct).await,
+        "an awaited offload must wait while the queue is full"
+    );
+    let m = pool.metrics();
+    assert_eq!(
+        (m.accepted, m.rejected_shutdown, m.rejected_full),
+        (2, 0, 0),
+        "{m:?}"
+    );
+
+    pool.shutdown();
+
+    let submitted = within("the blocked submit() after shutdown", submitter)
+        .await
+        .expect("producer task");
+    match submitted {
+        Err((shutting_down, f)) => {
+            assert!(shutting_down, "a blocked producer must see ShuttingDown");
+            assert!(!submit_ran.load(Ordering::SeqCst));
+            assert_eq!(
+                f(&StopToken::new()),
+                "p1",
+                "the closure is handed back unrun"
+            );
+        }
+        Ok(()) => panic!("a producer blocked on a full queue was accepted after shutdown"),
+    }
+    let awaited = within("the blocked awaited offload after shutdown", direct)
+        .await
+        .expect("producer task");
+    match awaited {
+        Err(e) => assert!(is_shutting_down(&e), "expected ShuttingDown, got {e:?}"),
+        Ok(()) => panic!("a producer blocked on a full queue was accepted after shutdown"),
+    }
+    let m = pool.metrics();
+    assert_eq!((m.accepted, m.rejected_shutdown), (2, 2), "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+
+    // Work accepted before the shutdown still runs.
+    gate.open();
+    assert_eq!(within("the running job", running).await.unwrap(), "running");
+    assert_eq!(within("the queued job", queued).await.unwrap(), "queued");
+    within("terminated()", pool.terminated()).await;
+    // (`submit_ran` was set by the test itself when it called the handed-back
+    // closure; the pool never ran either producer's function.)
+    assert!(!direct_ran.load(Ordering::SeqCst));
+    let m = pool.metrics();
+    assert_eq!((m.accepted, m.completed, m.workers), (2, 2, 0), "{m:?}");
+}
+
+// ---------------------------------------------------------------------------
+// (c) idle and terminated wait for running jobs, not for an empty queue
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_waits_for_a_running_job_when_the_queue_is_empty() {
+    let pool = pool(1, 4);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    let g = gate.clone();
+    let h = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            7
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running), (0, 1), "{m:?}");
+    assert!(
+        !pool.is_idle(),
+        "is_idle() with an empty queue but a running job"
+    );
+    assert!(
+        still_pending(pool.idle()).await,
+        "idle() completed while a job was running (only the queue was empty)"
+    );
+
+    gate.open();
+    within("idle() after the job returned", pool.idle()).await;
+    assert!(pool.is_idle());
+    assert!(
+        h.state().is_terminal(),
+        "idle() returned before the job was terminal: {:?}",
+        h.state()
+    );
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.running, m.queued), (1, 0, 0), "{m:?}");
+    assert!(!pool.is_shutdown(), "idle is not shut down");
+    assert!(!pool.is_terminated(), "idle is not terminated");
+
+    // The pool keeps accepting work after being idle.
+    assert_eq!(
+        within("a job after idle", pool.offload(|_stop| 5))
+            .await
+            .unwrap(),
+        5
+    );
+    within("idle() on an idle pool", pool.idle()).await;
+    assert_eq!(within("the first handle", h).await.unwrap(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_during_normal_operation_means_every_accepted_job_is_terminal() {
+    const N: usize = 5;
+    let pool = pool(2, 8);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    let mut handles = Vec::new();
+    for i in 0..N {
+        let (g, tx) = (gate.clone(), started_tx.clone());
+        handles.push(
+            pool.offload(move |_stop| {
+                let _ = tx.send(());
+                g.wait();
+                if i == 3 {
+                    panic!("idle test panic");
+                }
+                i
+            })
+            .spawn()
+            .expect("room"),
+        );
+    }
+    // One more, cancelled while queued: terminal without running.
+    let cancelled = pool.offload(|_stop| usize::MAX).spawn().expect("room");
+    recv(&mut started).await;
+    recv(&mut started).await;
+    assert!(cancelled.cancel());
+
+    // A waiter parked before the release reads a snapshot as soon as idle()
+    // returns: every accepted job must already be terminal in it.
+    let p = pool.clone();
+    let mut waiter = tokio::spawn(async move {
+        p.idle().await;
+        p.metrics()
+    });
+    assert!(
+        still_pending(&mut waiter).await,
+        "idle() completed with jobs running and queued"
+    );
+    gate.open();
+    let m = within("idle() waiter", waiter).await.unwrap();
+    assert_eq!((m.queued, m.running), (0, 0), "{m:?}");
+    assert_eq!(m.accepted, m.terminal(), "{m:?}");
+    assert_eq!(
+        (m.completed, m.panicked, m.cancelled),
+        (N as u64 - 1, 1, 1),
+        "{m:?}"
+    );
+    assert!(!pool.is_shutdown());
+
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = within("a job after idle", h).await;
+        if i == 3 {
+            assert!(r.unwrap_err().is_panic());
+        } else {
+            assert_eq!(r.unwrap(), i);
+        }
+    }
+    assert!(within("the cancelled job", cancelled)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+
+    // Still accepting.
+    let h = pool
+        .offload(|_stop| "after")
+        .spawn()
+        .expect("still accepting after idle");
+    assert_eq!(within("a job after idle", h).await.unwrap(), "after");
+    within("idle()", pool.idle()).await;
+    let m = pool.metrics();
+    assert_eq!(m.accepted, N as u64 + 2, "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_waits_for_a_running_job_after_shutdown() {
+    let pool = pool(1, 4);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    let g = gate.clone();
+    let h = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            "done"
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    pool.shutdown();
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running), (0, 1), "{m:?}");
+    assert!(pool.is_shutdown());
+    assert!(
+        !pool.is_terminated(),
+        "terminated with a function still running"
+    );
+    assert!(
+        still_pending(pool.terminated()).await,
+        "terminated() completed while a function was held on a gate (the queue was merely empty)"
+    );
+    assert!(!pool.await_termination(PENDING).await);
+    let p = pool.clone();
+    let blocking = tokio::task::spawn_blocking(move || p.blocking_await_termination(Some(PENDING)));
+    assert!(
+        !blocking.await.unwrap(),
+        "blocking_await_termination reported termination too early"
+    );
+
+    // A blocking waiter without a limit, parked before the release.
+    let p = pool.clone();
+    let blocking = tokio::task::spawn_blocking(move || p.blocking_await_termination(None));
+    gate.open();
+    assert_eq!(within("the held job", h).await.unwrap(), "done");
+    within("terminated()", pool.terminated()).await;
+    assert!(within("blocking_await_termination(None)", blocking)
+        .await
+        .unwrap());
+    assert!(pool.is_terminated());
+    assert_eq!(pool.metrics().workers, 0);
+}
+
+/// A result whose drop blocks on a gate, after reporting the thread that
+/// drops it.
+struct DropsSlowly {
+    gate: Gate,
+    dropping: tokio::sync::mpsc::UnboundedSender<Option<String>>,
+}
+
+impl Drop for DropsSlowly {
+    fn drop(&mut self) {
+        let _ = self
+            .dropping
+            .send(std::thread::current().name().map(str::to_owned));
+        self.gate.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_waits_for_worker_threads_not_only_for_jobs() {
+    const THREAD: &str = "term-wkr";
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .thread_name(THREAD)
+        .build()
+        .expect("valid configuration");
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let drop_gate = Gate::new();
+    let _release_drop = OpenOnDrop(drop_gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let (dropping_tx, mut dropping) = signal::<Option<String>>();
+
+    // A detached job whose result nobody collects: the pool drops it, and
+    // that drop (user code) is held on a gate.
+    let (g, dg) = (gate.clone(), drop_gate.clone());
+    let h = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            DropsSlowly {
+                gate: dg,
+                dropping: dropping_tx,
+            }
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    h.detach();
+    pool.shutdown();
+    gate.open();
+    let dropped_on = recv(&mut dropping).await;
+    // The job is terminal and nothing is queued or running.
+    eventually("the job is terminal", || pool.is_idle()).await;
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running, m.completed), (0, 0, 1), "{m:?}");
+    if dropped_on.as_deref() == Some(THREAD) {
+        // A pool thread is still busy with user code: not terminated.
+        assert_eq!(m.workers, 1, "{m:?}");
+        assert!(
+            !pool.is_terminated(),
+            "terminated while a worker thread is still alive"
+        );
+        assert!(
+            still_pending(pool.terminated()).await,
+            "terminated() completed while a worker thread was still alive"
+        );
+    }
+    drop_gate.open();
+    within("terminated()", pool.terminated()).await;
+    assert_eq!(pool.metrics().workers, 0);
+}
+
+// ---------------------------------------------------------------------------
+// (d) immediate shutdown
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
+    let pool = pool(2, 8);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<&'static str>();
+
+    // Running job 1 honours its token: its sleep wakes at the stop request.
+    let tx = started_tx.clone();
+    let cooperative = pool
+        .offload(move |stop| {
+            let _ = tx.send("cooperative");
+            stop.sleep(Duration::from_secs(3600))
+        })
+        .name("cooperative")
+        .spawn()
+        .expect("room");
+    // Running job 2 ignores its token and waits on the gate.
+    let (g, tx) = (gate.clone(), started_tx.clone());
+    let stubborn = pool
+        .offload(move |stop| {
+            let _ = tx.send("stubborn");
+            g.wait();
+            stop.is_stopped()
+        })
+        .name("stubborn")
+        .spawn()
+        .expect("room");
+    let mut names = [recv(&mut started).await, recv(&mut started).await];
+    names.sort_unstable();
+    assert_eq!(names, ["cooperative", "stubborn"]);
+
+    // Three queued jobs that would set a flag if they ever ran.
+    let mut queued = Vec::new();
+    for i in 0..3 {
+        let ran = flag();
+        let r = ran.clone();
+        let h = pool
+            .offload(move |_stop| r.store(true, Ordering::SeqCst))
+            .name(format!("queued-{i}"))
+            .spawn()
+            .expect("room");
+        queued.push((h, ran));
+    }
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued), (2, 3), "{m:?}");
+
+    let unstarted = pool.shutdown_now();
+    assert!(pool.is_shutdown());
+    assert_eq!(unstarted.len(), 3, "{unstarted:?}");
+    for (u, (h, _)) in unstarted.iter().zip(&queued) {
+        assert_eq!(
+            u.id,
+            h.id(),
+            "unstarted jobs come back in queue order with their ids"
+        );
+        assert_eq!(u.name.as_deref(), h.name(), "and their names");
+    }
+    // The stubborn job keeps running and keeps its permit.
+    let m = pool.metrics();
+    assert_eq!(m.unstarted, 3, "{m:?}");
+    assert_eq!(m.queued, 0, "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+
+    let mut queued_flags = Vec::new();
+    for (h, ran) in queued {
+        let id = h.id();
+        let err = within("an unstarted job's handle", h).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Unstarted { id: e } if e == id),
+            "{err:?}"
+        );
+        assert!(err.is_cancelled());
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "a job returned unstarted ran anyway"
+        );
+        queued_flags.push(ran);
+    }
+
+    // The cooperative function saw its token and returned early.
+    let r = within("the cooperative job", cooperative)
+        .await
+        .expect("it returned");
+    assert_eq!(
+        r,
+        Err(Stopped),
+        "the running job's sleep must have seen the stop request"
+    );
+
+    let m = pool.metrics();
+    assert_eq!(
+        m.running, 1,
+        "the stubborn job still holds its permit: {m:?}"
+    );
+    assert_eq!(m.completed, 1, "{m:?}");
+    let running = pool.running_jobs();
+    assert_eq!(running.len(), 1, "{running:?}");
+    assert_eq!(running[0].id, stubborn.id());
+    assert!(
+        running[0].stop_requested,
+        "shutdown_now must set the running job's stop token"
+    );
+    assert!(stubborn.is_stop_requested());
+    assert!(!pool.is_terminated());
+    assert!(
+        still_pending(pool.terminated()).await,
+        "terminated() completed while a function that ignores its token still runs"
+    );
+    assert_eq!(
+        pool.metrics().running,
+        1,
+        "the permit is held until the function returns"
+    );
+
+    gate.open();
+    assert!(
+        within("the stubborn job", stubborn).await.unwrap(),
+        "it saw the stop request when it finally looked"
+    );
+    within("terminated()", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!(
+        (m.completed, m.unstarted, m.running, m.workers),
+        (2, 3, 0, 0),
+        "{m:?}"
+    );
+    assert_eq!(m.stop_requests, 2, "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+    assert!(
+        pool.shutdown_now().is_empty(),
+        "a second shutdown_now has nothing to return"
+    );
+    for ran in queued_flags {
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "a job returned unstarted ran after termination"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_after_a_graceful_shutdown_still_returns_the_queue() {
+    let pool = pool(1, 4);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let running = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let ran = flag();
+    let r = ran.clone();
+    let queued = pool
+        .offload(move |_stop| r.store(true, Ordering::SeqCst))
+        .name("late")
+        .spawn()
+        .expect("room");
+
+    pool.shutdown();
+    let unstarted = pool.shutdown_now();
+    assert_eq!(unstarted.len(), 1, "{unstarted:?}");
+    assert_eq!(unstarted[0].id, queued.id());
+    assert_eq!(unstarted[0].name.as_deref(), Some("late"));
+    assert!(matches!(
+        within("queued", queued).await,
+        Err(Error::Unstarted { .. })
+    ));
+    gate.open();
+    within("running", running).await.unwrap();
+    within("terminated()", pool.terminated()).await;
+    assert!(!ran.load(Ordering::SeqCst));
+}
+
+// ---------------------------------------------------------------------------
+// (e) staged close
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_close_escalates_and_reports_a_function_that_ignores_its_token() {
+    let pool = pool(1, 8);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    let g = gate.clone();
+    let stubborn = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait(); // ignores its stop token
+            "done anyway"
+        })
+        .name("stubborn")
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let mut queued = Vec::new();
+    for i in 0..2 {
+        let ran = flag();
+        let r = ran.clone();
+        let h = pool
+            .offload(move |_stop| r.store(true, Ordering::SeqCst))
+            .name(format!("later-{i}"))
+            .spawn()
+            .expect("room");
+        queued.push((h, ran));
+    }
+
+    // The gate stays closed for the whole close: neither stage can finish.
+    let report = within(
+        "close()",
+        pool.close(Duration::from_millis(30), Duration::from_millis(30)),
+    )
+    .await;
+    assert!(!gate.is_open());
+    assert!(
+        report.escalated,
+        "the graceful stage cannot have sufficed: {report:?}"
+    );
+    assert!(!report.terminated, "{report:?}");
+    assert_eq!(report.still_running.len(), 1, "{report:?}");
+    let still = &report.still_running[0];
+    assert_eq!(still.id, stubborn.id());
+    assert_eq!(still.name.as_deref(), Some("stubborn"));
+    assert!(
+        still.stop_requested,
+        "the immediate stage requests stop: {still:?}"
+    );
+    assert!(
+        still.caller_waiting,
+        "its owner handle still exists: {still:?}"
+    );
+    assert_eq!(report.unstarted.len(), 2, "{report:?}");
+    for (u, (h, _)) in report.unstarted.iter().zip(&queued) {
+        assert_eq!(u.id, h.id());
+        assert_eq!(u.name.as_deref(), h.name());
+    }
+    assert_eq!((report.completed, report.panicked), (0, 0), "{report:?}");
+    let text = report.to_string();
+    assert!(
+        text.contains("gave up") && text.contains("stubborn"),
+        "{text}"
+    );
+
+    assert!(pool.is_shutdown());
+    assert!(!pool.is_terminated());
+    assert_eq!(
+        pool.metrics().running,
+        1,
+        "the stubborn job keeps its permit"
+    );
+
+    gate.open();
+    assert_eq!(
+        within("the stubborn job", stubborn).await.unwrap(),
+        "done anyway"
+    );
+    for (h, ran) in queued {
+        assert!(matches!(
+            within("an unstarted job", h).await,
+            Err(Error::Unstarted { .. })
+        ));
+        assert!(!ran.load(Ordering::SeqCst));
+    }
+    within("terminated() after the release", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.unstarted, m.workers), (1, 2, 0), "{m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_close_that_finishes_in_the_graceful_stage() {
+    const N: usize = 5;
+    let pool = pool(2, 8);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let mut handles = Vec::new();
+    for i in 0..N {
+        let (g, tx) = (gate.clone(), started_tx.clone());
+        handles.push(
+            pool.offload(move |_stop| {
+                let _ = tx.send(());
+                g.wait();
+                if i == 4 {
+                    panic!("close test panic");
+                }
+                i
+            })
+            .spawn()
+            .expect("room"),
+        );
+    }
+    recv(&mut started).await;
+    recv(&mut started).await;
+
+    let p = pool.clone();
+    let closing = tokio::spawn(async move {
+        p.close(Duration::from_secs(10), Duration::from_secs(1))
+            .await
+    });
+    // close() snapshots the metrics before it shuts the pool down, so once
+    // the pool reports shut down, every job below counts as finished during
+    // the close.
+    eventually("close() has begun", || pool.is_shutdown()).await;
+    gate.open();
+    let report = within("close()", closing).await.unwrap();
+    assert!(!report.escalated, "{report:?}");
+    assert!(report.terminated, "{report:?}");
+    assert_eq!(
+        (report.completed, report.panicked),
+        (N as u64 - 1, 1),
+        "{report:?}"
+    );
+    assert!(report.unstarted.is_empty(), "{report:?}");
+    assert!(report.still_running.is_empty(), "{report:?}");
+    assert!(report.to_string().contains("terminated"), "{report}");
+    assert!(pool.is_terminated());
+    assert_eq!(pool.metrics().workers, 0);
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = within("a job finished during close", h).await;
+        if i == 4 {
+            assert!(r.unwrap_err().is_panic());
+        } else {
+            assert_eq!(r.unwrap(), i);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (f) running_jobs()
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_jobs_reports_name_stop_request_and_waiting_owner() {
+    let pool = pool(1, 4);
+    assert!(pool.running_jobs().is_empty());
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    let (g, tx) = (gate.clone(), started_tx.clone());
+    let h = pool
+        .offload(move |_stop| {
+            let _ = tx.send(());
+            g.wait(); // ignores the token
+        })
+        .name("watched")
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let id = h.id();
+
+    let jobs = pool.running_jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].id, id);
+    assert_eq!(jobs[0].name.as_deref(), Some("watched"));
+    assert!(!jobs[0].stop_requested, "{jobs:?}");
+    assert!(jobs[0].caller_waiting, "the owner handle exists: {jobs:?}");
+
+    assert!(h.stop());
+    assert!(!h.stop(), "only the first stop request counts");
+    let jobs = pool.running_jobs();
+    assert_eq!(jobs.len(), 1, "stop is a request, not a kill: {jobs:?}");
+    assert!(jobs[0].stop_requested, "{jobs:?}");
+    assert!(jobs[0].caller_waiting, "{jobs:?}");
+
+    drop(h);
+    let jobs = pool.running_jobs();
+    assert_eq!(
+        jobs.len(),
+        1,
+        "dropping the handle detaches, the job runs on: {jobs:?}"
+    );
+    assert_eq!(jobs[0].id, id);
+    assert!(
+        !jobs[0].caller_waiting,
+        "nobody can collect the outcome any more: {jobs:?}"
+    );
+    assert!(jobs[0].stop_requested);
+    assert_eq!(pool.metrics().stop_requests, 1);
+
+    gate.open();
+    within("idle()", pool.idle()).await;
+    assert!(pool.running_jobs().is_empty());
+
+    // An awaiting caller counts as waiting while its future exists.
+    let gate = Gate::new();
+    let _release2 = OpenOnDrop(gate.clone());
+    let g = gate.clone();
+    let mut fut = Box::pin(
+        pool.offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+        })
+        .name("awaited")
+        .into_future(),
+    );
+    assert!(!poll_once(fut.as_mut()).await, "held on a gate");
+    recv(&mut started).await;
+    let jobs = pool.running_jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].name.as_deref(), Some("awaited"));
+    assert!(jobs[0].caller_waiting, "{jobs:?}");
+    drop(fut); // default policy Keep: the job runs on
+    let jobs = pool.running_jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert!(!jobs[0].caller_waiting, "{jobs:?}");
+    assert!(
+        !jobs[0].stop_requested,
+        "Keep does not request stop: {jobs:?}"
+    );
+    gate.open();
+    within("idle()", pool.idle()).await;
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.callers_dropped), (2, 1), "{m:?}");
+}
+
+/// `RunningJob::running_for` counts from the start of the function and
+/// `UnstartedJob::queued_for` from acceptance. Checked only against bounds
+/// that follow from the monotonic clock and the gate order (no duration is
+/// assumed for anything): the 50 ms pause only makes the two clocks differ
+/// measurably.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
+    use std::time::Instant;
+    const GAP: Duration = Duration::from_millis(50);
+    let pool = pool(1, 4);
+    let gate_a = Gate::new();
+    let _release_a = OpenOnDrop(gate_a.clone());
+    let gate_b = Gate::new();
+    let _release_b = OpenOnDrop(gate_b.clone());
+    let (started_tx, mut started) = signal::<&'static str>();
+
+    let (g, tx) = (gate_a.clone(), started_tx.clone());
+    let a = pool
+        .offload(move |_stop| {
+            let _ = tx.send("a");
+            g.wait();
+        })
+        .spawn()
+        .expect("room");
+    assert_eq!(recv(&mut started).await, "a");
+    let (g, tx) = (gate_b.clone(), started_tx.clone());
+    let b_accepted = Instant::now();
+    let b = pool
+        .offload(move |_stop| {
+            let _ = tx.send("b");
+            g.wait();
+        })
+        .name("b")
+        .spawn()
+        .expect("room");
+    tokio::time::sleep(GAP).await; // b waits in the queue at least this long
+    let b_released = Instant::now();
+    gate_a.open();
+    assert_eq!(recv(&mut started).await, "b");
+    let jobs = pool.running_jobs();
+    let observed = Instant::now();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    // b started after a was released, so it cannot have run longer than that.
+    assert!(
+        jobs[0].running_for <= observed - b_released,
+        "running_for {:?} exceeds the time since b could start ({:?}); queued for at least {GAP:?} since {:?} ago",
+        jobs[0].running_for,
+        observed - b_released,
+        observed - b_accepted,
+    );
+
+    // A job queued behind b, handed back by shutdown_now.
+    let c_before = Instant::now();
+    let c = pool.offload(|_stop| ()).name("c").spawn().expect("room");
+    let c_accepted = Instant::now();
+    tokio::time::sleep(GAP).await;
+    let before_shutdown = Instant::now();
+    let unstarted = pool.shutdown_now();
+    let after_shutdown = Instant::now();
+    assert_eq!(unstarted.len(), 1);
+    let q = unstarted[0].queued_for;
+    assert!(
+        q >= before_shutdown - c_accepted && q <= after_shutdown - c_before,
+        "queued_for {q:?} outside [{:?}, {:?}]",
+        before_shutdown - c_accepted,
+        after_shutdown - c_before
+    );
+    gate_b.open();
+    within("a", a).await.unwrap();
+    within("b", b).await.unwrap();
+    assert!(within("c", c).await.unwrap_err().is_cancelled());
+    within("terminated()", pool.terminated()).await;
+}
+
+// ---------------------------------------------------------------------------
+// (h) the stuck-job warning
+// ---------------------------------------------------------------------------
+
+/// A minimal `tracing` subscriber that records, for every event whose
+/// message mentions "stuck", the `name` field of the span it belongs to.
+#[derive(Default)]
+struct StuckRecorder {
+    next_span: AtomicU64,
+    span_names: Mutex<HashMap<u64, String>>,
+    stuck: Mutex<Vec<(Option<String>, tracing::Level, String)>>,
+}
+
+#[derive(Default)]
+struct Fields {
+    message: Option<String>,
+    name: Option<String>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "message" => self.message = Some(format!("{value:?}")),
+            "name" => self.name = Some(format!("{value:?}")),
+            _ => {}
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "message" => self.message = Some(value.to_owned()),
+            "name" => self.name = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+}
+
+impl StuckRecorder {
+    fn stuck_reports_for(&self, job_name: &str) -> Vec<(Option<String>, tracing::Level, String)> {
+        self.stuck
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _, _)| name.as_deref() == Some(job_name))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Installed once as the global default: the warning is emitted on the
+/// pool's monitor thread, which a thread-local default would not cover.
+struct Global(&'static StuckRecorder);
+
+impl tracing::Subscriber for Global {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.is_span() || *metadata.level() <= tracing::Level::WARN
+    }
+
+    fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let id = self.0.next_span.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        if let Some(name) = fields.name {
+            self.0.span_names.lock().unwrap().insert(id, name);
+        }
+        tracing::span::Id::from_u64(id)
+    }
+
+    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let Some(message) = fields.message else {
+            return;
+        };
+        if !message.contains("stuck") {
+            return;
+        }
+        let job = event.parent().and_then(|id| {
+            self.0
+                .span_names
+                .lock()
+                .unwrap()
+                .get(&id.into_u64())
+                .cloned()
+        });
+        self.0
+            .stuck
+            .lock()
+            .unwrap()
+            .push((job, *event.metadata().level(), message));
+    }
+
+    fn enter(&self, _span: &tracing::span::Id) {}
+
+    fn exit(&self, _span: &tracing::span::Id) {}
+}
+
+fn stuck_recorder() -> &'static StuckRecorder {
+    static RECORDER: OnceLock<&'static StuckRecorder> = OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let recorder: &'static StuckRecorder = Box::leak(Box::default());
+        tracing::subscriber::set_global_default(Global(recorder))
+            .expect("no other global subscriber in this test binary");
+        recorder
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
+    const NAME: &str = "stuck-probe";
+    let recorder = stuck_recorder();
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .stuck_after(Duration::from_millis(20))
+        .build()
+        .expect("valid configuration");
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let h = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+        })
+        .name(NAME)
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+
+    // Held on the gate until the monitor has reported it.
+    eventually("the monitor reports the held job as stuck", || {
+        !recorder.stuck_reports_for(NAME).is_empty()
+    })
+    .await;
+    // Keep it held across several more monitor ticks (the tick is at most
+    // 10 ms here): a job is reported once, not once per tick. This wait only
+    // gives a repeated report the chance to show up; it orders nothing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.state(), JobState::Running);
+    gate.open();
+    within("the stuck job", h).await.unwrap();
+    pool.shutdown();
+    within(
+        "terminated() (the monitor thread exits too)",
+        pool.terminated(),
+    )
+    .await;
+
+    let reports = recorder.stuck_reports_for(NAME);
+    assert_eq!(
+        reports.len(),
+        1,
+        "exactly one stuck report expected: {reports:?}"
+    );
+    assert_eq!(reports[0].1, tracing::Level::WARN, "{reports:?}");
+}
+
+// ---------------------------------------------------------------------------
+// (i) backpressure, try form
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back() {
+    let pool = pool(1, 1);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let running = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            "running"
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let queued = pool
+        .offload(|_stop| "queued")
+        .spawn()
+        .expect("one slot of room");
+
+    let ran = flag();
+    let r = ran.clone();
+    let refused = pool
+        .offload(move |_stop| {
+            r.store(true, Ordering::SeqCst);
+            "third"
+        })
+        .name("third")
+        .spawn()
+        .expect_err("the queue is full");
+    match refused.reason() {
+        Rejected::Full { capacity } => assert_eq!(*capacity, 1),
+        other => panic!("expected Rejected::Full, got {other:?}"),
+    }
+    assert!(!ran.load(Ordering::SeqCst));
+    let f = refused.into_inner();
+    assert_eq!(
+        f(&StopToken::new()),
+        "third",
+        "the original closure is handed back"
+    );
+
+    // Converted into the crate's error for `?`.
+    let err: Error = pool
+        .offload(|_stop| "fourth")
+        .spawn()
+        .expect_err("still full")
+        .into();
+    assert!(
+        matches!(err, Error::Rejected(Rejected::Full { capacity: 1 })),
+        "{err:?}"
+    );
+
+    let m = pool.metrics();
+    assert_eq!(
+        (m.accepted, m.rejected_full, m.queued, m.running),
+        (2, 2, 1, 1),
+        "{m:?}"
+    );
+    assert!(m.queued <= 1, "the queue never grows past its capacity");
+    assert!(m.ledger_balances(), "{m:?}");
+
+    gate.open();
+    assert_eq!(within("running", running).await.unwrap(), "running");
+    assert_eq!(within("queued", queued).await.unwrap(), "queued");
+    within("idle()", pool.idle()).await;
+    // Room again once the queue drained.
+    let h = pool
+        .offload(|_stop| "room again")
+        .spawn()
+        .expect("the queue drained");
+    assert_eq!(within("after", h).await.unwrap(), "room again");
+    assert_eq!(pool.metrics().rejected_full, 2);
+}
+
+// ---------------------------------------------------------------------------
+// (j) dropping the last Offloader clone
+// ---------------------------------------------------------------------------
+
+#[cfg(target_os = "linux")]
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|task| {
+                    std::fs::read_to_string(task.path().join("comm"))
+                        .map(|comm| comm.trim_end() == name)
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_clone_shuts_down_gracefully_without_blocking() {
+    // At most 15 bytes: Linux truncates thread names there.
+    const THREAD: &str = "drop-last-wkr";
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .queue_capacity(8)
+        .thread_name(THREAD)
+        // Only a shutdown can make the worker exit within this test.
+        .keep_alive(Duration::from_secs(3600))
+        .build()
+        .expect("valid configuration");
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let held = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            "held"
+        })
+        .name("held")
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let queued: Vec<_> = (0..3)
+        .map(|i| pool.offload(move |_stop| i).spawn().expect("room"))
+        .collect();
+
+    // The drop happens on a runtime thread while a function is held: it must
+    // return at once (starting a graceful shutdown), not wait for the job.
+    let dropper = tokio::spawn(async move { drop(pool) });
+    within("dropping the last Offloader clone", dropper)
+        .await
+        .unwrap();
+    assert!(!gate.is_open());
+    assert_eq!(
+        held.state(),
+        JobState::Running,
+        "the held job is still running"
+    );
+    assert!(!held.is_finished());
+
+    gate.open();
+    assert_eq!(within("the held job", held).await.unwrap(), "held");
+    for (i, h) in queued.into_iter().enumerate() {
+        assert_eq!(
+            within("a queued job after the last clone was dropped", h)
+                .await
+                .unwrap(),
+            i,
+            "queued jobs still run after a graceful shutdown"
+        );
+    }
+    // The shutdown really began: the worker exits long before its keep-alive.
+    #[cfg(target_os = "linux")]
+    eventually(
+        "the worker thread exits after the drop-started shutdown",
+        || threads_named(THREAD) == 0,
+    )
+    .await;
+}

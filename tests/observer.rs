@@ -1,0 +1,744 @@
+//! The lifecycle observer: every job's transitions arrive in order, exactly
+//! once, including cancel, immediate shutdown and abandoned callers; a
+//! panicking observer does not break the pool; the observer may call back
+//! into the pool; and after `terminated()` every event has been delivered.
+//!
+//! Ordering is by gates and "started" messages, never by sleeps.
+
+mod lifecycle_support;
+
+use std::collections::BTreeMap;
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use lifecycle_support::*;
+use offloader::{
+    AbandonPolicy, Error, EventKind, Fate, JobEvent, JobId, JobState, Observer, Offloader,
+};
+
+/// Records every event it is given.
+#[derive(Default)]
+struct Log(Mutex<Vec<JobEvent>>);
+
+impl Observer for Log {
+    fn on_event(&self, event: &JobEvent) {
+        self.0.lock().unwrap().push(event.clone());
+    }
+}
+
+impl Log {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    fn kinds(&self, id: JobId) -> Vec<EventKind> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.id == id)
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    fn names(&self, id: JobId) -> Vec<Option<String>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.id == id)
+            .map(|e| e.name.as_deref().map(str::to_owned))
+            .collect()
+    }
+
+    fn by_job(&self) -> BTreeMap<JobId, Vec<EventKind>> {
+        let mut map: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
+        for e in self.0.lock().unwrap().iter() {
+            map.entry(e.id).or_default().push(e.kind);
+        }
+        map
+    }
+}
+
+fn observed(max_in_flight: usize, observer: Arc<dyn Observer>) -> Offloader {
+    Offloader::builder()
+        .max_in_flight(max_in_flight)
+        .queue_capacity(16)
+        .observer(observer)
+        .build()
+        .expect("valid configuration")
+}
+
+/// Checks that one job's events form a valid life:
+/// `Accepted, [Abandoned{Queued}], then one of
+///   Started, [Abandoned{Running}], Finished(Completed | Panicked)
+///   Finished(Cancelled)
+///   NeverStarted`.
+fn assert_valid_life(id: JobId, kinds: &[EventKind]) {
+    use EventKind::*;
+    let fail = || panic!("job {id}: invalid event sequence {kinds:?}");
+    let mut it = kinds.iter().copied().peekable();
+    if it.next() != Some(Accepted) {
+        fail();
+    }
+    if it.peek()
+        == Some(&Abandoned {
+            state: JobState::Queued,
+        })
+    {
+        it.next();
+    }
+    match it.next() {
+        Some(Started) => {
+            if it.peek()
+                == Some(&Abandoned {
+                    state: JobState::Running,
+                })
+            {
+                it.next();
+            }
+            match it.next() {
+                Some(Finished(JobState::Completed | JobState::Panicked)) => {}
+                _ => fail(),
+            }
+        }
+        Some(Finished(JobState::Cancelled)) | Some(NeverStarted) => {}
+        _ => fail(),
+    }
+    if it.next().is_some() {
+        fail();
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_and_panicked_jobs_give_accepted_started_finished_in_order() {
+    let log = Arc::new(Log::default());
+    let pool = observed(2, log.clone());
+
+    let h = pool.offload(|_stop| 1).name("one").spawn().expect("room");
+    let id = h.id();
+    assert_eq!(within("job", h).await.unwrap(), 1);
+    let p = pool
+        .offload(|_stop| -> u8 { panic!("observer test panic") })
+        .spawn()
+        .expect("room");
+    let pid = p.id();
+    assert!(within("panicking job", p).await.unwrap_err().is_panic());
+
+    // idle() also waits for the delivery of every event.
+    within("idle()", pool.idle()).await;
+    assert_eq!(
+        log.kinds(id),
+        [
+            EventKind::Accepted,
+            EventKind::Started,
+            EventKind::Finished(JobState::Completed)
+        ]
+    );
+    assert_eq!(
+        log.names(id),
+        vec![Some("one".to_owned()); 3],
+        "every event carries the name"
+    );
+    assert_eq!(
+        log.kinds(pid),
+        [
+            EventKind::Accepted,
+            EventKind::Started,
+            EventKind::Finished(JobState::Panicked)
+        ]
+    );
+    assert_eq!(log.len(), 6);
+    let at: Vec<_> = log
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.id == id)
+        .map(|e| e.at)
+        .collect();
+    assert!(
+        at.windows(2).all(|w| w[0] <= w[1]),
+        "timestamps follow the order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_job_gives_accepted_then_finished_cancelled() {
+    let log = Arc::new(Log::default());
+    let pool = observed(1, log.clone());
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let running = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let queued = pool
+        .offload(|_stop| ())
+        .name("cancel-me")
+        .spawn()
+        .expect("room");
+    let qid = queued.id();
+    assert!(queued.cancel());
+    assert!(matches!(
+        within("cancelled", queued).await,
+        Err(Error::Cancelled { .. })
+    ));
+    gate.open();
+    within("running", running).await.unwrap();
+    within("idle()", pool.idle()).await;
+    assert_eq!(
+        log.kinds(qid),
+        [
+            EventKind::Accepted,
+            EventKind::Finished(JobState::Cancelled)
+        ]
+    );
+    for (id, kinds) in log.by_job() {
+        assert_valid_life(id, &kinds);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_gives_never_started_for_queued_jobs() {
+    let log = Arc::new(Log::default());
+    let pool = observed(1, log.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let running = pool
+        .offload(move |stop| {
+            let _ = started_tx.send(());
+            stop.sleep(Duration::from_secs(3600))
+        })
+        .name("running")
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let rid = running.id();
+    let queued: Vec<_> = (0..2)
+        .map(|i| {
+            pool.offload(|_stop| ())
+                .name(format!("q{i}"))
+                .spawn()
+                .expect("room")
+        })
+        .collect();
+    let unstarted = pool.shutdown_now();
+    assert_eq!(unstarted.len(), 2);
+    assert!(
+        within("running", running).await.unwrap().is_err(),
+        "its sleep saw the stop"
+    );
+    within("terminated()", pool.terminated()).await;
+    for q in &queued {
+        assert_eq!(
+            log.kinds(q.id()),
+            [EventKind::Accepted, EventKind::NeverStarted]
+        );
+        assert_eq!(log.names(q.id())[1].as_deref(), q.name());
+    }
+    assert_eq!(
+        log.kinds(rid),
+        [
+            EventKind::Accepted,
+            EventKind::Started,
+            EventKind::Finished(JobState::Completed)
+        ]
+    );
+    for q in queued {
+        assert!(matches!(
+            within("unstarted", q).await,
+            Err(Error::Unstarted { .. })
+        ));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timed_out_caller_gives_abandoned_with_the_jobs_state() {
+    let log = Arc::new(Log::default());
+    let pool = observed(1, log.clone());
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+
+    // Submitted by one poll, then the test waits for "started" before it
+    // lets the caller's timeout be observed: the job is running by then.
+    let g = gate.clone();
+    let mut fut = Box::pin(
+        pool.offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+            "late"
+        })
+        .with_timeout(Duration::from_millis(20))
+        .into_future(),
+    );
+    assert!(!poll_once(fut.as_mut()).await);
+    let id = fut.job_id().expect("accepted on the first poll");
+    recv(&mut started).await;
+
+    // A second caller times out while its job is still queued behind the
+    // first; CancelIfQueued then cancels it.
+    let mut queued_fut = Box::pin(
+        pool.offload(|_stop| "never")
+            .with_timeout(Duration::from_millis(20))
+            .on_abandon(AbandonPolicy::CancelIfQueued)
+            .into_future(),
+    );
+    assert!(!poll_once(queued_fut.as_mut()).await);
+    let qid = queued_fut.job_id().expect("accepted on the first poll");
+
+    let err = within("the running caller's timeout", fut)
+        .await
+        .unwrap_err();
+    match err {
+        Error::TimedOut {
+            id: e, state, fate, ..
+        } => {
+            assert_eq!(e, id);
+            assert_eq!(state, JobState::Running);
+            assert_eq!(fate, Fate::KeptRunning);
+        }
+        other => panic!("expected TimedOut, got {other:?}"),
+    }
+    let queued_err = within("the queued caller's timeout", queued_fut)
+        .await
+        .unwrap_err();
+
+    gate.open();
+    within("idle()", pool.idle()).await;
+    assert_eq!(
+        log.kinds(id),
+        [
+            EventKind::Accepted,
+            EventKind::Started,
+            EventKind::Abandoned {
+                state: JobState::Running
+            },
+            EventKind::Finished(JobState::Completed)
+        ]
+    );
+    assert_eq!(
+        log.kinds(qid),
+        [
+            EventKind::Accepted,
+            EventKind::Abandoned {
+                state: JobState::Queued
+            },
+            EventKind::Finished(JobState::Cancelled)
+        ]
+    );
+    // The caller asked for a bounded wait, so it is told that its wait ended
+    // and what its policy did to the queued job (`Offload::with_timeout`:
+    // "the wait ends with Error::TimedOut and the job follows the abandon
+    // policy"), not a bare `Cancelled` as if somebody else had cancelled it.
+    assert!(
+        matches!(
+            queued_err,
+            Error::TimedOut { id: e, state: JobState::Queued, fate: Fate::CancelledBeforeStart, .. }
+                if e == qid
+        ),
+        "expected TimedOut {{ state: Queued, fate: CancelledBeforeStart }}, got {queued_err:?}"
+    );
+}
+
+/// Panics on every event, after counting it.
+#[derive(Default)]
+struct Panicky(AtomicUsize);
+
+impl Observer for Panicky {
+    fn on_event(&self, _event: &JobEvent) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("observer test panic: the observer itself is broken");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_observer_does_not_break_the_pool() {
+    const N: usize = 8;
+    let observer = Arc::new(Panicky::default());
+    let pool = observed(2, observer.clone());
+    let mut handles = Vec::new();
+    for i in 0..N {
+        handles.push(pool.offload(move |_stop| i * 3).spawn().expect("room"));
+    }
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(
+            within("a job under a panicking observer", h).await.unwrap(),
+            i * 3
+        );
+    }
+    // Awaited directly too (the observer panics on the caller's thread here).
+    assert_eq!(
+        within("direct", pool.offload(|_stop| "direct"))
+            .await
+            .unwrap(),
+        "direct"
+    );
+    within("idle()", pool.idle()).await;
+    pool.shutdown();
+    within("terminated()", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!(m.completed, N as u64 + 1, "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+    assert_eq!(
+        observer.0.load(Ordering::SeqCst),
+        3 * (N + 1),
+        "delivery goes on after each panic: every event still reaches the observer"
+    );
+}
+
+/// Calls back into the pool from inside `on_event`.
+#[derive(Default)]
+struct Reentrant {
+    pool: OnceLock<Offloader>,
+    events: AtomicUsize,
+    unbalanced: AtomicUsize,
+    follow_up_submitted: AtomicBool,
+    follow_up_refused: AtomicBool,
+    log: Log,
+}
+
+impl Observer for Reentrant {
+    fn on_event(&self, event: &JobEvent) {
+        self.events.fetch_add(1, Ordering::SeqCst);
+        self.log.on_event(event);
+        let Some(pool) = self.pool.get() else {
+            return;
+        };
+        let m = pool.metrics();
+        if !m.ledger_balances() {
+            self.unbalanced.fetch_add(1, Ordering::SeqCst);
+        }
+        let _ = pool.running_jobs();
+        let _ = pool.is_idle();
+        let _ = pool.is_shutdown();
+        let _ = pool.is_terminated();
+        // Once: submit a new job from inside the observer.
+        if event.name.as_deref() == Some("trigger")
+            && matches!(event.kind, EventKind::Finished(_))
+            && !self.follow_up_submitted.swap(true, Ordering::SeqCst)
+        {
+            match pool.offload(|_stop| "follow-up").name("follow-up").spawn() {
+                Ok(h) => h.detach(),
+                Err(_) => self.follow_up_refused.store(true, Ordering::SeqCst),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observer_may_call_back_into_the_pool() {
+    let observer = Arc::new(Reentrant::default());
+    // One permit: the held job below keeps every later job queued.
+    let pool = observed(1, observer.clone());
+    // The observer holds a clone of the pool (so the pool is never dropped
+    // by this test; it is shut down explicitly).
+    assert!(observer.pool.set(pool.clone()).is_ok());
+
+    // The body runs in its own task so that a deadlock on a runtime thread
+    // fails the test through the timeout instead of hanging it.
+    let p = pool.clone();
+    let body = tokio::spawn(async move {
+        let gate = Gate::new();
+        let _release = OpenOnDrop(gate.clone());
+        let (started_tx, mut started) = signal::<()>();
+
+        let trigger = p
+            .offload(|_stop| "trigger")
+            .name("trigger")
+            .spawn()
+            .expect("room");
+        assert_eq!(trigger.await.unwrap(), "trigger");
+        p.idle().await; // the follow-up job was accepted during delivery
+        for _ in 0..4 {
+            assert_eq!(p.offload(|_stop| 1).await.unwrap(), 1);
+        }
+        let g = gate.clone();
+        let held = p
+            .offload(move |stop| {
+                let _ = started_tx.send(());
+                g.wait();
+                stop.is_stopped()
+            })
+            .spawn()
+            .expect("room");
+        recv(&mut started).await;
+        let _queued: Vec<_> = (0..3)
+            .map(|_| p.offload(|_stop| ()).spawn().expect("room"))
+            .collect();
+        let queued_cancel = p.offload(|_stop| ()).spawn().expect("room");
+        assert!(queued_cancel.cancel());
+        let unstarted = p.shutdown_now();
+        assert!(!unstarted.is_empty());
+        gate.open();
+        assert!(held.await.unwrap(), "the held job saw the stop request");
+        p.terminated().await;
+    });
+    within("the re-entrant observer test body", body)
+        .await
+        .unwrap();
+
+    assert!(pool.is_terminated());
+    assert!(observer.follow_up_submitted.load(Ordering::SeqCst));
+    assert!(
+        !observer.follow_up_refused.load(Ordering::SeqCst),
+        "a job submitted from inside the observer was refused"
+    );
+    assert_eq!(
+        observer.unbalanced.load(Ordering::SeqCst),
+        0,
+        "a snapshot seen from the observer did not balance"
+    );
+    let m = pool.metrics();
+    // trigger, follow-up, 4 direct, held, 3 queued, 1 cancelled.
+    assert_eq!(m.accepted, 11, "{m:?}");
+    assert_eq!((m.completed, m.cancelled, m.unstarted), (7, 1, 3), "{m:?}");
+    let by_job = observer.log.by_job();
+    assert_eq!(by_job.len(), 11);
+    for (id, kinds) in &by_job {
+        assert_valid_life(*id, kinds);
+    }
+    // 7 ran (3 events each), 1 cancelled and 3 unstarted (2 each).
+    assert_eq!(observer.events.load(Ordering::SeqCst), 7 * 3 + 4 * 2);
+}
+
+/// Slow on purpose, so that delivery lags behind the transitions it
+/// reports: termination must still wait for it.
+#[derive(Default)]
+struct SlowLog(Log);
+
+impl Observer for SlowLog {
+    fn on_event(&self, event: &JobEvent) {
+        std::thread::sleep(Duration::from_millis(1));
+        self.0.on_event(event);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_termination_every_event_has_been_delivered() {
+    let observer = Arc::new(SlowLog::default());
+    let pool = observed(2, observer.clone());
+
+    // 5 completed jobs, awaited directly: 3 events each.
+    for i in 0..5 {
+        assert_eq!(
+            within("direct", pool.offload(move |_stop| i))
+                .await
+                .unwrap(),
+            i
+        );
+    }
+    // 1 panicked: 3 events.
+    let p = pool
+        .offload(|_stop| -> () { panic!("observer test panic") })
+        .spawn()
+        .expect("room");
+    assert!(within("panic", p).await.unwrap_err().is_panic());
+
+    // 2 running (cooperative), 4 queued; one queued is cancelled (2 events),
+    // three are handed back by shutdown_now (2 events each), the running
+    // ones finish after their stop (3 events each).
+    let (started_tx, mut started) = signal::<()>();
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let tx = started_tx.clone();
+        running.push(
+            pool.offload(move |stop| {
+                let _ = tx.send(());
+                stop.sleep(Duration::from_secs(3600)).is_err()
+            })
+            .spawn()
+            .expect("room"),
+        );
+    }
+    recv(&mut started).await;
+    recv(&mut started).await;
+    let queued: Vec<_> = (0..4)
+        .map(|_| pool.offload(|_stop| false).spawn().expect("room"))
+        .collect();
+    assert!(queued[0].cancel());
+    let unstarted = pool.shutdown_now();
+    assert_eq!(unstarted.len(), 3);
+
+    // No waiting on any handle: termination alone must imply delivery.
+    within("terminated()", pool.terminated()).await;
+    let expected = 5 * 3 + 3 + 2 + 3 * 2 + 2 * 3;
+    assert_eq!(
+        observer.0.len(),
+        expected,
+        "terminated() returned before every event was delivered"
+    );
+    for (id, kinds) in observer.0.by_job() {
+        assert_valid_life(id, &kinds);
+    }
+    for h in running {
+        assert!(
+            within("running", h).await.unwrap(),
+            "stopped by shutdown_now"
+        );
+    }
+    for h in queued {
+        assert!(within("queued", h).await.unwrap_err().is_cancelled());
+    }
+}
+
+/// Blocks, once, on the first event of kind `block_on` until `gate` opens,
+/// after telling the test it is blocked.
+struct BlockOnce {
+    block_on: EventKind,
+    gate: Gate,
+    blocked: Mutex<Option<tokio::sync::mpsc::UnboundedSender<()>>>,
+    log: Log,
+}
+
+impl BlockOnce {
+    fn new(block_on: EventKind) -> (Arc<Self>, Gate, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        let gate = Gate::new();
+        let (tx, rx) = signal();
+        let me = Arc::new(BlockOnce {
+            block_on,
+            gate: gate.clone(),
+            blocked: Mutex::new(Some(tx)),
+            log: Log::default(),
+        });
+        (me, gate, rx)
+    }
+}
+
+impl Observer for BlockOnce {
+    fn on_event(&self, event: &JobEvent) {
+        self.log.on_event(event);
+        if event.kind == self.block_on {
+            let tx = self.blocked.lock().unwrap().take();
+            if let Some(tx) = tx {
+                let _ = tx.send(());
+                self.gate.wait();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_waits_for_an_observer_that_is_still_delivering() {
+    let (observer, observer_gate, mut blocked) =
+        BlockOnce::new(EventKind::Finished(JobState::Cancelled));
+    let _release_observer = OpenOnDrop(observer_gate.clone());
+    let pool = observed(1, observer.clone());
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let running = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let queued = pool.offload(|_stop| ()).spawn().expect("room");
+    let qid = queued.id();
+
+    // The cancel's own thread delivers `Finished(Cancelled)` and is held
+    // inside the observer.
+    let canceller = tokio::task::spawn_blocking(move || queued.cancel());
+    recv(&mut blocked).await;
+    // The running job finishes meanwhile; its events queue up behind the
+    // delivery in progress.
+    gate.open();
+    within("the running job", running).await.unwrap();
+    let m = pool.metrics();
+    assert_eq!(
+        (m.queued, m.running, m.completed, m.cancelled),
+        (0, 0, 1, 1),
+        "{m:?}"
+    );
+    assert!(
+        !pool.is_idle(),
+        "idle while an event is still being delivered to the observer"
+    );
+    assert!(
+        still_pending(pool.idle()).await,
+        "idle() completed while the observer was still being called"
+    );
+
+    observer_gate.open();
+    assert!(within("the cancel", canceller).await.unwrap());
+    within("idle()", pool.idle()).await;
+    assert_eq!(
+        observer.log.kinds(qid),
+        [
+            EventKind::Accepted,
+            EventKind::Finished(JobState::Cancelled)
+        ]
+    );
+    assert_eq!(
+        observer.log.len(),
+        5,
+        "every event delivered once idle() returned"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn termination_waits_for_an_observer_that_is_still_delivering() {
+    let (observer, observer_gate, mut blocked) = BlockOnce::new(EventKind::NeverStarted);
+    let _release_observer = OpenOnDrop(observer_gate.clone());
+    let pool = observed(1, observer.clone());
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let running = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait(); // ignores its token
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    let queued = pool.offload(|_stop| ()).spawn().expect("room");
+
+    // shutdown_now's own thread delivers `NeverStarted` and is held there.
+    let p = pool.clone();
+    let stopper = tokio::task::spawn_blocking(move || p.shutdown_now());
+    recv(&mut blocked).await;
+    gate.open();
+    within("the running job", running).await.unwrap();
+    // Every job is terminal and every worker thread has exited; only the
+    // delivery is still in progress.
+    eventually("the worker exits", || pool.metrics().workers == 0).await;
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running, m.workers), (0, 0, 0), "{m:?}");
+    assert!(
+        !pool.is_terminated(),
+        "terminated while an event is still being delivered to the observer"
+    );
+    assert!(
+        still_pending(pool.terminated()).await,
+        "terminated() completed while the observer was still being called"
+    );
+
+    observer_gate.open();
+    let unstarted = within("shutdown_now()", stopper).await.unwrap();
+    assert_eq!(unstarted.len(), 1);
+    within("terminated()", pool.terminated()).await;
+    assert_eq!(
+        observer.log.len(),
+        5,
+        "every event delivered once terminated() returned"
+    );
+    assert!(matches!(
+        within("unstarted", queued).await,
+        Err(Error::Unstarted { .. })
+    ));
+}

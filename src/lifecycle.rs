@@ -184,6 +184,7 @@ impl Offloader {
             let won = task.core().transition(QUEUED, UNSTARTED);
             debug_assert!(won, "a queued job is in state Queued");
             s.counts.unstarted += 1;
+            s.unpublished += 1;
             if inner.config.observer.is_some() {
                 s.events.push(task.core(), EventKind::NeverStarted);
             }
@@ -204,6 +205,7 @@ impl Offloader {
                 job
             })
             .collect::<Vec<_>>();
+        inner.published(unstarted.len());
         for task in &running {
             inner.stop(&**task);
         }

@@ -25,7 +25,11 @@
 //!    some worker is searching or every worker is busy and will come back
 //!    to the queue. A parked worker that finds itself still in `idle` was
 //!    not claimed (spurious wake-up or keep-alive expiry).
-//! 5. No user code (functions, their drops, results, wakers) runs while the
+//! 6. A job's outcome is published outside the lock, after its terminal
+//!    transition; `unpublished` counts outcomes between the two (a worker
+//!    settles its count at its next lock acquisition). "Idle" includes
+//!    `unpublished == 0`, so after `idle()` every owner can take its outcome.
+//! 7. No user code (functions, their drops, results, wakers) runs while the
 //!    shared lock is held.
 
 use std::collections::VecDeque;
@@ -309,6 +313,10 @@ pub(crate) struct Shared {
     /// permits held (inv. 1).
     pub(crate) running: Vec<Arc<dyn Task>>,
     pub(crate) workers: usize,
+    /// Outcomes of terminal jobs not yet published (or, for a worker's
+    /// last job, published but not yet settled at its next lock): "idle"
+    /// waits for them, so that after `idle()` every outcome is available.
+    pub(crate) unpublished: usize,
     /// Parked workers not yet claimed, most recently parked last.
     idle: Vec<(u64, thread::Thread)>,
     /// Awake workers without a job that will check the queue (inv. 4).
@@ -327,7 +335,10 @@ pub(crate) struct Shared {
 impl Shared {
     /// Every accepted job is terminal and every event delivered.
     pub(crate) fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.running.is_empty() && self.events.is_drained()
+        self.queue.is_empty()
+            && self.running.is_empty()
+            && self.unpublished == 0
+            && self.events.is_drained()
     }
 
     /// Shut down, idle, and every pool thread has exited.
@@ -491,17 +502,18 @@ impl Inner {
         let task = remove_queued(&mut s.queue, core.id);
         self.queue_hint.store(s.queue.len(), StdOrdering::Release);
         s.counts.cancelled += 1;
+        s.unpublished += 1;
         if self.config.observer.is_some() {
             s.events
                 .push(core, EventKind::Finished(JobState::Cancelled));
         }
-        self.signal_if_settled(&s);
         drop(s);
         self.room.add_permits(1);
         tracing::debug!(parent: &core.span(), "cancelled before start");
         if let Some(task) = task {
             task.discard(Error::Cancelled { id: core.id });
         }
+        self.published(1);
         self.flush_events();
         true
     }
@@ -605,6 +617,13 @@ impl Inner {
         }
     }
 
+    /// Settles `n` outcomes published outside the lock (inv. 6).
+    pub(crate) fn published(&self, n: usize) {
+        let mut s = lock(&self.shared);
+        s.unpublished -= n;
+        self.signal_if_settled(&s);
+    }
+
     /// Delivers pending observer events (observer.rs inv. 3).
     pub(crate) fn flush_events(&self) {
         let Some(observer) = &self.config.observer else {
@@ -624,12 +643,21 @@ impl Inner {
 
     /// The worker thread's body: run jobs while there are any, with one lock
     /// acquisition per job (finish one, take the next), then spin or park.
+    ///
+    /// A published outcome stays counted in `unpublished` until this
+    /// worker's next lock acquisition (inv. 6), which saves a lock per job.
     fn work_loop(self: Arc<Self>, me: u64) {
-        let mut next = self.wait_for_work(me, true);
+        // `owed`: this worker published an outcome still counted in
+        // `unpublished`.
+        let mut owed = false;
+        let mut next = self.wait_for_work(me, true, &mut owed);
         while let Some(task) = next {
             self.flush_events();
             let (panicked, ran) = self.run(&task);
             let mut s = lock(&self.shared);
+            if std::mem::take(&mut owed) {
+                s.unpublished -= 1;
+            }
             self.finish(&mut s, task.core(), panicked, ran);
             next = self.next_job(&mut s);
             drop(s);
@@ -638,8 +666,9 @@ impl Inner {
             task.publish();
             drop(task);
             self.flush_events();
+            owed = true;
             if next.is_none() {
-                next = self.wait_for_work(me, false);
+                next = self.wait_for_work(me, false, &mut owed);
             }
         }
         tracing::trace!("worker thread exiting");
@@ -649,8 +678,17 @@ impl Inner {
     /// `None` when this worker should exit (shutdown or keep-alive expiry),
     /// in which case it has already left `workers`. `searching` says
     /// whether this worker is already counted in `searching` (inv. 4).
-    fn wait_for_work(self: &Arc<Self>, me: u64, mut searching: bool) -> Option<Arc<dyn Task>> {
+    fn wait_for_work(
+        self: &Arc<Self>,
+        me: u64,
+        mut searching: bool,
+        owed: &mut bool,
+    ) -> Option<Arc<dyn Task>> {
         let mut s = lock(&self.shared);
+        if std::mem::take(owed) {
+            s.unpublished -= 1;
+            self.signal_if_settled(&s);
+        }
         let mut spun = false;
         loop {
             if let Some(task) = self.next_job(&mut s) {
@@ -790,6 +828,7 @@ impl Inner {
             s.running.swap_remove(at);
         }
         s.counts.run_time_total += ran;
+        s.unpublished += 1;
         let state = if panicked {
             core.transition(RUNNING, PANICKED);
             s.counts.panicked += 1;

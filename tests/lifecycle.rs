@@ -553,8 +553,14 @@ async fn terminated_waits_for_worker_threads_not_only_for_jobs() {
     pool.shutdown();
     gate.open();
     let dropped_on = recv(&mut dropping).await;
-    // The job is terminal and nothing is queued or running.
-    eventually("the job is terminal", || pool.is_idle()).await;
+    // The job is terminal and nothing is queued or running. (`is_idle()`
+    // also waits for the worker to settle the published outcome, which it
+    // does after this drop, so it is not the condition to wait for here.)
+    eventually("the job is terminal", || {
+        let m = pool.metrics();
+        (m.queued, m.running, m.completed) == (0, 0, 1)
+    })
+    .await;
     let m = pool.metrics();
     assert_eq!((m.queued, m.running, m.completed), (0, 0, 1), "{m:?}");
     if dropped_on.as_deref() == Some(THREAD) {
@@ -1397,4 +1403,28 @@ async fn dropping_the_last_clone_shuts_down_gracefully_without_blocking() {
         || threads_named(THREAD) == 0,
     )
     .await;
+}
+
+/// DESIGN inv. 7: after `idle()` every accepted job is terminal *and* its
+/// outcome can be taken: no handle is left waiting for a publish that
+/// trails the terminal transition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_idle_every_outcome_is_available() {
+    let pool = pool(2, 64);
+    for round in 0..300 {
+        let handles: Vec<_> = (0..4)
+            .map(|i| pool.offload(move |_stop| i).spawn().expect("room"))
+            .collect();
+        within("idle()", pool.idle()).await;
+        for h in &handles {
+            assert!(
+                h.is_finished(),
+                "round {round}: idle() returned before job {} was published",
+                h.id()
+            );
+        }
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.await.expect("completed"), i);
+        }
+    }
 }

@@ -15,6 +15,10 @@
 //! 4. **A panic is a result**: the owner gets [`Error::Panicked`], the worker
 //!    survives, the permit is released.
 //!
+//! This page is a guide, in the order you meet the ideas: the failure, waiting
+//! vs owning, abandon policies, the stop token and the deadline, shutdown,
+//! the lifecycle observer and metrics. Every example on it runs as a test.
+//!
 //! # The failure it prevents
 //!
 //! ```text
@@ -30,13 +34,58 @@
 //! caller B:                 offload(work_b) ─ queued ───────────── work_b ── ...
 //! ```
 //!
+//! A timeout ends the *waiting*, not the *work*. Tokio's `spawn_blocking`
+//! cannot stop a function that has started (`JoinHandle::abort` does nothing
+//! then), so a permit held by the *awaiting future* comes back while the
+//! thread still runs. Here the permit belongs to the job: after caller A gives
+//! up, the function still holds it, and the next job waits in the queue.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use offloader::{JobState, Offloader};
+//!
+//! let pool = Offloader::builder().max_in_flight(1).build()?;
+//! let (release, gate) = std::sync::mpsc::channel::<()>();
+//! let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+//!
+//! // Caller A gives up after 10 ms; work_a is held on a gate until later.
+//! let err = pool
+//!     .offload(move |_stop| {
+//!         let _ = started_tx.send(());
+//!         gate.recv().ok()
+//!     })
+//!     .with_timeout(Duration::from_millis(10))
+//!     .await
+//!     .unwrap_err();
+//! assert!(err.is_timeout()); // "... it was still running; the job goes on ..."
+//! started_rx.await?; // a gate, never a sleep: work_a has started
+//!
+//! // work_a still holds the only permit, so work_b waits in the queue.
+//! let work_b = pool.offload(|_stop| "b").spawn()?;
+//! assert_eq!(work_b.state(), JobState::Queued);
+//! assert_eq!(pool.metrics().running, 1);
+//!
+//! release.send(())?; // work_a returns; only now does work_b start
+//! assert_eq!(work_b.await?, "b");
+//! assert_eq!(pool.metrics().max_running, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! `cargo run --example quickstart` runs both sides of the diagram and prints
+//! what each does; `-- --timeline out.svg` draws it.
+//!
 //! # Waiting vs owning
 //!
 //! Awaiting an [`Offload`] waits for the outcome; [`Offload::with_timeout`]
-//! bounds that wait. [`Offload::spawn`] gives an owner [`JobHandle`]: a
-//! future of the outcome that can be waited on with a timeout without being
-//! consumed, cancelled, stopped, detached, or waited on from synchronous
-//! code.
+//! bounds that wait, and the job's fate when it runs out is the abandon policy
+//! (next section). [`Offload::spawn`] (or [`Offload::submit`], which waits for
+//! queue room) hands you the *owner* [`JobHandle`] instead: a future of the
+//! outcome that can be waited on with a timeout without being consumed
+//! ([`JobHandle::wait_timeout`]), cancelled, stopped, detached, or waited on
+//! from synchronous code ([`JobHandle::blocking_wait`]). Dropping a handle
+//! detaches the job; the offloader still owns it and records its outcome.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -58,12 +107,14 @@
 //! assert!(r.unwrap_err().is_timeout());
 //!
 //! // Keep an owner handle; stop waiting without giving it up.
-//! let mut job = pool.offload(|_stop| "report").name("report").spawn()?;
-//! let _maybe = job.wait_timeout(Duration::from_millis(1)).await;
-//! if !job.is_finished() {
-//!     // ... do something else, then collect it later.
-//! }
-//! let _ = job.await;
+//! let (tx, rx) = std::sync::mpsc::channel::<()>();
+//! let mut job = pool
+//!     .offload(move |_stop| { rx.recv().ok(); "report" })
+//!     .name("report")
+//!     .spawn()?;
+//! assert!(job.wait_timeout(Duration::from_millis(5)).await.unwrap_err().is_timeout());
+//! tx.send(())?; // ... do something else, then collect it:
+//! assert_eq!(job.await?, "report");
 //!
 //! // The free function runs on a lazily built default offloader.
 //! let v = offloader::offload(|_stop| std::env::var("HOME").is_ok())
@@ -73,33 +124,277 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Errors say what happened to the *job*, not only to the wait:
+//! [`Error::TimedOut`] carries the job's [`JobState`] when the wait ended and
+//! its [`Fate`] (kept running, cancelled before start, stop requested, already
+//! finished); [`Error::Cancelled`] and [`Error::Unstarted`] mean the function
+//! never ran.
+//!
 //! # Abandon policies
 //!
-//! When a caller stops waiting before the job finished, the job follows its
-//! [`AbandonPolicy`]: [`Keep`](AbandonPolicy::Keep) (the default: it runs to
-//! completion and its outcome is recorded),
-//! [`CancelIfQueued`](AbandonPolicy::CancelIfQueued), or
-//! [`CancelAndStop`](AbandonPolicy::CancelAndStop) (cancel if queued, request
-//! stop if running). The permit is never released early.
+//! When a caller stops waiting (its timeout passes, or its future is dropped,
+//! for example by `select!`) before the job finished, the job follows its
+//! [`AbandonPolicy`], set on the [`Builder::abandon_policy`] and overridable
+//! per call with [`Offload::on_abandon`]:
+//!
+//! | policy | job still queued | job running |
+//! | --- | --- | --- |
+//! | [`Keep`](AbandonPolicy::Keep) (default) | stays queued, will run | runs to completion |
+//! | [`CancelIfQueued`](AbandonPolicy::CancelIfQueued) | cancelled: never runs | runs to completion |
+//! | [`CancelAndStop`](AbandonPolicy::CancelAndStop) | cancelled: never runs | its stop token is set |
+//!
+//! In every case the permit stays held until the function really returns, and
+//! the outcome is recorded in the [`Metrics`]. A queued job's cancel and its
+//! start race atomically: exactly one wins.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use offloader::{AbandonPolicy, Offloader};
+//!
+//! let pool = Offloader::builder().max_in_flight(1).build()?;
+//! let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+//! let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+//! let call = pool
+//!     .offload(move |stop| {
+//!         let _ = started_tx.send(());
+//!         // Cooperative: wakes as soon as stop is requested.
+//!         let r = stop.sleep(Duration::from_secs(60));
+//!         let _ = done_tx.send(r.is_err());
+//!     })
+//!     .with_timeout(Duration::from_secs(60))
+//!     .on_abandon(AbandonPolicy::CancelAndStop);
+//! // The caller leaves as soon as the function runs (say, a user cancelled):
+//! // its future is dropped, and CancelAndStop requests stop.
+//! tokio::select! {
+//!     _ = call => unreachable!("the function waits for stop"),
+//!     _ = started_rx => {}
+//! }
+//! assert!(done_rx.await?); // the function saw the stop request and returned
+//! pool.idle().await; // ... and only then was its permit released
+//! let m = pool.metrics();
+//! assert_eq!((m.callers_dropped, m.stop_requests, m.completed), (1, 1, 1));
+//! # Ok(()) }
+//! ```
+//!
+//! When the caller's own timeout passes instead, the error says so:
+//! `Error::TimedOut { state: Running, fate: Fate::StopRequested, .. }`
+//! ("stopped waiting for job #1 after 10ms: it was still running; stop was
+//! requested; it holds its permit until the function returns").
 //!
 //! # The stop token and the deadline
 //!
-//! Every function receives a [`StopToken`]: a one-load
-//! [`is_stopped`](StopToken::is_stopped), a [`check`](StopToken::check) to
-//! `?` out with, a [`sleep`](StopToken::sleep) that wakes early, the
-//! caller's [`deadline`](StopToken::deadline), and
-//! [`on_stop`](StopToken::on_stop) callbacks to abort an SDK's own I/O.
+//! Every function receives a [`StopToken`]. Stop is a *request*: a function
+//! that ignores it runs on, and keeps its permit, until it returns. The token
+//! offers:
 //!
-//! # Shutdown
+//! - [`is_stopped`](StopToken::is_stopped) (one atomic load) and
+//!   [`check`](StopToken::check), which returns [`Stopped`] to `?` out with,
+//!   for loops with safe points;
+//! - [`sleep`](StopToken::sleep) / [`sleep_until`](StopToken::sleep_until),
+//!   which wake early on stop;
+//! - [`deadline`](StopToken::deadline) and
+//!   [`remaining`](StopToken::remaining): the instant after which nobody waits
+//!   for the result (the caller's [`with_timeout`](Offload::with_timeout) or
+//!   the job's own [`deadline`](Offload::deadline), whichever is earlier), to
+//!   bound an SDK's own timeouts;
+//! - [`on_stop`](StopToken::on_stop): a callback that aborts an SDK's own
+//!   blocking call (interrupt a database connection, shut down a socket). It
+//!   runs on the thread that requests stop. Keep the returned [`StopCallback`]
+//!   guard alive while the call it protects runs: dropping it unregisters the
+//!   callback, waiting for it if it is running right now.
 //!
-//! [`Offloader::shutdown`] rejects new work at once and lets queued work run;
-//! [`Offloader::is_shutdown`] and [`Offloader::is_terminated`] are different
-//! facts. Dropping the last [`Offloader`] clone starts a graceful shutdown.
+//! Stop is requested by [`JobHandle::stop`] (or [`JobHandle::cancel`] on a
+//! running job), by the [`CancelAndStop`](AbandonPolicy::CancelAndStop)
+//! policy, and by [`Offloader::shutdown_now`].
+//!
+//! A deadline bounding a blocking read: the socket's read timeout comes from
+//! the token, so the function gives up when its answer stops being useful.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::net::UdpSocket;
+//! use std::time::{Duration, Instant};
+//! use offloader::Offloader;
+//!
+//! let pool = Offloader::builder().build()?;
+//! let socket = UdpSocket::bind("127.0.0.1:0")?; // nobody will ever send to it
+//! let r = pool
+//!     .offload(move |stop| {
+//!         // `Some(Duration::ZERO)` is an error for set_read_timeout: a deadline
+//!         // that has already passed must be answered before the call.
+//!         match stop.remaining() {
+//!             Some(left) if left.is_zero() => return Err(std::io::ErrorKind::TimedOut.into()),
+//!             left => socket.set_read_timeout(left)?,
+//!         }
+//!         let mut buf = [0u8; 64];
+//!         socket.recv(&mut buf)
+//!     })
+//!     .deadline(Instant::now() + Duration::from_millis(20))
+//!     .await?;
+//! let kind = r.unwrap_err().kind(); // the read timed out at the deadline
+//! assert!(matches!(kind, std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+//! # Ok(()) }
+//! ```
+//!
+//! A stop request reaching into a blocking read through `on_stop`: the
+//! callback shuts the socket down, and the read, blocked in the kernel,
+//! returns at once.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::io::Read;
+//! use std::net::{Shutdown, TcpListener, TcpStream};
+//! use offloader::Offloader;
+//!
+//! let listener = TcpListener::bind("127.0.0.1:0")?; // accepts, never writes
+//! let mut stream = TcpStream::connect(listener.local_addr()?)?;
+//! let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+//!
+//! let pool = Offloader::builder().build()?;
+//! let job = pool
+//!     .offload(move |stop| {
+//!         let killer = stream.try_clone()?;
+//!         let _guard = stop.on_stop(move || {
+//!             let _ = killer.shutdown(Shutdown::Both);
+//!         });
+//!         let _ = started_tx.send(());
+//!         let mut buf = [0u8; 64];
+//!         stream.read(&mut buf) // blocks until the socket is shut down
+//!     })
+//!     .spawn()?;
+//! started_rx.await?; // a gate, not a sleep
+//! job.stop();
+//! assert_eq!(job.await??, 0); // end of stream: the read returned early
+//! # drop(listener);
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/sqlite_interrupt.rs` does the same with SQLite's interrupt handle
+//! (and contrasts `spawn_blocking`, where the query runs to its end);
+//! `examples/blocking_socket.rs` combines the deadline and the stop callback
+//! against a slow server.
+//!
+//! # Shutdown is a sequence
+//!
+//! After Java's `ExecutorService` and asyncio's `Queue.shutdown`:
+//!
+//! | call | new jobs | queued jobs | running jobs | returns |
+//! | --- | --- | --- | --- | --- |
+//! | [`shutdown`](Offloader::shutdown) | refused | still run | run on | at once |
+//! | [`shutdown_now`](Offloader::shutdown_now) | refused | removed, *handed back* | stop requested | the [`UnstartedJob`]s |
+//! | [`close`](Offloader::close)`(graceful, after_stop)` | refused | run for `graceful`, then handed back | stop requested after `graceful` | a [`CloseReport`] |
+//!
+//! Termination is its own fact: [`terminated`](Offloader::terminated) (or
+//! [`await_termination`](Offloader::await_termination)) waits until every
+//! accepted job is terminal and every worker thread has exited;
+//! [`is_shutdown`](Offloader::is_shutdown) is not "done". Independently of
+//! shutdown, [`idle`](Offloader::idle) waits until every accepted job is
+//! terminal (not merely until the queue is empty), and
+//! [`running_jobs`](Offloader::running_jobs) lists what runs now. Dropping the
+//! last [`Offloader`] clone starts a graceful shutdown without blocking.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use offloader::Offloader;
+//!
+//! let pool = Offloader::builder().max_in_flight(1).build()?;
+//! let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+//! let running = pool
+//!     .offload(move |stop| {
+//!         let _ = started_tx.send(());
+//!         stop.sleep(Duration::from_secs(60)) // honours stop
+//!     })
+//!     .name("slow")
+//!     .spawn()?;
+//! let queued = pool.offload(|_stop| ()).name("never-ran").spawn()?;
+//! started_rx.await?;
+//!
+//! // Graceful for 10 ms (the slow job will not finish), then immediate.
+//! let report = pool.close(Duration::from_millis(10), Duration::from_secs(5)).await;
+//! assert!(report.escalated && report.terminated);
+//! assert_eq!(report.unstarted[0].name.as_deref(), Some("never-ran"));
+//! assert!(report.still_running.is_empty());
+//! assert!(queued.await.unwrap_err().is_cancelled()); // Error::Unstarted: never ran
+//! assert!(running.await?.is_err()); // its sleep saw the stop request
+//! assert!(pool.is_terminated());
+//! # Ok(()) }
+//! ```
+//!
+//! A job that ignores its stop token for the whole `after_stop` budget is
+//! named in [`CloseReport::still_running`]; it keeps its thread and its permit
+//! until it returns, and nothing pretends otherwise.
+//!
+//! # The lifecycle observer
+//!
+//! [`Builder::observer`] takes an [`Observer`] that sees every job's
+//! transitions ([`EventKind`]: accepted, started, finished with its state,
+//! never started, caller left), in order, on the thread that caused each one.
+//! Name jobs with a stable key ([`Offload::name`]) and the observer can keep a
+//! durable ledger, from which a restarted process re-submits exactly the jobs
+//! that never finished: `examples/durable_ledger.rs` does that with SQLite
+//! across a forced close. Keep the observer fast: the thread that delivers
+//! events waits for it.
 //!
 //! # Metrics
 //!
-//! [`Offloader::metrics`] returns one consistent [`Metrics`] snapshot in
-//! which `accepted = queued + running + terminal` always holds.
+//! [`Offloader::metrics`] returns one consistent [`Metrics`] snapshot:
+//! counters change under the same lock as the transitions they count, so
+//! `accepted = queued + running + terminal` holds exactly in every snapshot
+//! ([`Metrics::ledger_balances`]). Besides the states, it counts callers that
+//! timed out or dropped their future, jobs that were still running when their
+//! caller left (`running_after_caller_left`: the work a naive timeout hides),
+//! stop requests, refusals by cause, the peak of concurrently running
+//! functions, and total queue and run time. [`Builder::stuck_after`] logs a
+//! job that runs longer than a threshold.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use offloader::Offloader;
+//!
+//! let pool = Offloader::builder().max_in_flight(2).build()?;
+//! let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+//! let (tx, rx) = std::sync::mpsc::channel::<()>();
+//! let call = pool.offload(move |_stop| {
+//!     let _ = started_tx.send(());
+//!     rx.recv().ok()
+//! });
+//! tokio::select! {
+//!     _ = call => unreachable!("the function waits for the gate"),
+//!     _ = started_rx => {} // the caller leaves while the function runs
+//! }
+//! let m = pool.metrics();
+//! assert_eq!((m.accepted, m.running, m.callers_dropped), (1, 1, 1));
+//! assert_eq!(m.running_after_caller_left, 1);
+//! assert!(m.ledger_balances());
+//!
+//! tx.send(())?;
+//! pool.idle().await;
+//! let m = pool.metrics();
+//! assert_eq!((m.running, m.completed), (0, 1));
+//! assert!(m.ledger_balances());
+//! # Ok(()) }
+//! ```
+//!
+//! # Examples
+//!
+//! Each runs in a few seconds with nothing but loopback, and exits non-zero
+//! if what it demonstrates did not happen:
+//!
+//! - `quickstart`: the failure above, naive vs offloader, side by side
+//!   (`-- --timeline out.svg` draws it);
+//! - `sqlite_interrupt`: a stop token interrupting a long SQLite query, vs
+//!   `spawn_blocking`, where the query runs to its end;
+//! - `blocking_socket`: a deadline bounding a `TcpStream` read, and a stop
+//!   request shutting the socket down;
+//! - `durable_ledger`: a SQLite ledger fed by the observer, a forced staged
+//!   close, and an idempotent recovery after a restart.
 
 #![forbid(unsafe_code)]
 #![warn(

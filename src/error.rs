@@ -23,7 +23,7 @@ use crate::job::{JobId, JobState};
 #[non_exhaustive]
 pub enum Error {
     /// The caller stopped waiting. The job itself went on as `fate` says.
-    #[error("stopped waiting for job {id} after {waited:?}: it was still {state}; {fate}")]
+    #[error("stopped waiting for job {id} after {}: it was still {state}; {fate}", Pretty(*.waited))]
     TimedOut {
         /// The job whose wait ended.
         id: JobId,
@@ -109,6 +109,23 @@ impl Error {
     }
 }
 
+/// A duration for people: milliseconds with one decimal below ten seconds,
+/// seconds with two above ("203.8ms", "12.35s"), instead of `Debug`'s
+/// nanosecond precision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pretty(pub(crate) Duration);
+
+impl fmt::Display for Pretty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.0.as_secs_f64();
+        if secs < 10.0 {
+            write!(f, "{:.1}ms", secs * 1e3)
+        } else {
+            write!(f, "{secs:.2}s")
+        }
+    }
+}
+
 /// What happened to a job when its caller stopped waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -149,7 +166,7 @@ pub enum Rejected {
         capacity: usize,
     },
     /// The caller's timeout passed while waiting for room in a full queue.
-    #[error("the queue stayed full ({capacity} jobs waiting) for the caller's whole timeout of {waited:?}")]
+    #[error("the queue stayed full ({capacity} jobs waiting) for the caller's whole timeout of {}", Pretty(*.waited))]
     FullUntilTimeout {
         /// The queue's capacity.
         capacity: usize,

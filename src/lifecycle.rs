@@ -34,7 +34,7 @@ use std::fmt;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, Pretty};
 use crate::job::{JobId, QUEUED, UNSTARTED};
 use crate::observer::EventKind;
 use crate::pool::{Inner, Offloader, Shared};
@@ -98,9 +98,13 @@ impl fmt::Display for CloseReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "close {} after {:?}: {} completed, {} panicked, {} returned unstarted, {} still running",
-            if self.terminated { "terminated" } else { "gave up" },
-            self.took,
+            "close {} after {}: {} completed, {} panicked, {} returned unstarted, {} still running",
+            if self.terminated {
+                "terminated"
+            } else {
+                "gave up"
+            },
+            Pretty(self.took),
             self.completed,
             self.panicked,
             self.unstarted.len(),
@@ -109,10 +113,10 @@ impl fmt::Display for CloseReport {
         for job in &self.still_running {
             write!(
                 f,
-                "\n  still running: job {} {:?} for {:?}, stop requested: {}",
+                "\n  still running: job {} {:?} for {}, stop requested: {}",
                 job.id,
                 job.name.as_deref().unwrap_or(""),
-                job.running_for,
+                Pretty(job.running_for),
                 job.stop_requested
             )?;
         }

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use crate::job::{JobCore, JobId, JobState};
 
@@ -69,8 +69,14 @@ pub struct JobEvent {
     pub name: Option<std::sync::Arc<str>>,
     /// What happened.
     pub kind: EventKind,
-    /// When it happened.
+    /// When it happened (monotonic, for durations).
     pub at: Instant,
+    /// When it happened by the wall clock, for a ledger kept on disk.
+    pub at_wall: SystemTime,
+    /// Whether stop had been requested for the job when this happened: a
+    /// `Finished(Completed)` job with this set returned after being asked
+    /// to stop, which a ledger may want to treat as not done.
+    pub stop_requested: bool,
 }
 
 /// What happened to a job.
@@ -110,6 +116,8 @@ impl EventQueue {
             name: core.name().cloned(),
             kind,
             at: Instant::now(),
+            at_wall: SystemTime::now(),
+            stop_requested: core.is_stop_requested(),
         });
     }
 

@@ -376,8 +376,11 @@ where
 
     fn ext(&self, create: bool) -> Option<Arc<StopExt>> {
         let mut slot = lock(&self.slot);
-        if create && slot.stop_ext.is_none() {
-            slot.stop_ext = Some(Arc::new(StopExt::new()));
+        if create {
+            let ext = slot
+                .stop_ext
+                .get_or_insert_with(|| Arc::new(StopExt::new()));
+            return Some(ext.clone());
         }
         slot.stop_ext.clone()
     }

@@ -68,6 +68,9 @@ pub struct RunningJob {
     /// Whether a caller's future or an owner handle for it still exists
     /// (somebody may still collect the outcome).
     pub caller_waiting: bool,
+    /// Whether an awaiting caller stopped waiting (timed out or dropped its
+    /// future) while the job was unfinished: the job outlives its caller.
+    pub caller_left: bool,
 }
 
 /// What a staged [`Offloader::close`] did and left behind. Data, not only a
@@ -352,6 +355,7 @@ impl Offloader {
                     running_for: core.clock(),
                     stop_requested: core.is_stop_requested(),
                     caller_waiting: core.caller_waiting(),
+                    caller_left: core.caller_left(),
                 }
             })
             .collect()

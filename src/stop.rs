@@ -157,8 +157,8 @@ impl StopSource for Standalone {
 /// Returns the `StopExt` kept in `slot`, creating it when `create`.
 pub(crate) fn lazy_ext(slot: &Mutex<Option<Arc<StopExt>>>, create: bool) -> Option<Arc<StopExt>> {
     let mut slot = lock(slot);
-    if create && slot.is_none() {
-        *slot = Some(Arc::new(StopExt::new()));
+    if create {
+        return Some(slot.get_or_insert_with(|| Arc::new(StopExt::new())).clone());
     }
     slot.clone()
 }

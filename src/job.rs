@@ -403,9 +403,11 @@ where
         let result = catch_unwind(AssertUnwindSafe(|| func(stop)));
         let panicked = result.is_err();
         let outcome = result.map_err(|payload| {
+            let message = panic_message(payload.as_ref());
+            drop_quietly(payload);
             Box::new(Error::Panicked {
                 id: self.core.id,
-                message: panic_message(payload.as_ref()),
+                message,
             })
         });
         // Kept, not yet visible: waiters see only `Published` (inv. 4).
@@ -419,7 +421,7 @@ where
 
     fn discard(&self, error: Error) {
         // The function is user code: dropped here, outside every pool lock.
-        drop(self.take_func());
+        drop_quietly(self.take_func());
         self.publish_outcome(Some(error));
     }
 }
@@ -520,5 +522,14 @@ mod tests {
             bytes <= 104,
             "a no-op job takes {bytes} bytes with its Arc counts"
         );
+    }
+}
+
+/// Drops user-owned `value`; a panic from its `Drop` is caught and logged
+/// (its own payload leaked rather than dropped).
+pub(crate) fn drop_quietly<V>(value: V) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        tracing::warn!("a user value panicked while being dropped; the panic was caught");
+        std::mem::forget(payload);
     }
 }

@@ -315,8 +315,11 @@ impl Offloader {
             unstarted = self.shutdown_now();
             terminated = self.await_termination(after_stop).await;
         }
-        let after = self.metrics();
-        let still_running = self.running_jobs();
+        // One snapshot: a job finishing now is in exactly one of the two.
+        let (after, still_running) = {
+            let s = lock(&self.inner().shared);
+            (s.snapshot(), running_list(&s))
+        };
         for job in &still_running {
             tracing::warn!(
                 id = job.id.0,
@@ -344,22 +347,26 @@ impl Offloader {
     /// assert!(pool.running_jobs().is_empty());
     /// ```
     pub fn running_jobs(&self) -> Vec<RunningJob> {
-        let s = lock(&self.inner().shared);
-        s.running
-            .iter()
-            .map(|task| {
-                let core = task.core();
-                RunningJob {
-                    id: core.id,
-                    name: core.name().cloned(),
-                    running_for: core.clock(),
-                    stop_requested: core.is_stop_requested(),
-                    caller_waiting: core.caller_waiting(),
-                    caller_left: core.caller_left(),
-                }
-            })
-            .collect()
+        running_list(&lock(&self.inner().shared))
     }
+}
+
+/// The running jobs, read under the lock the caller holds.
+fn running_list(s: &Shared) -> Vec<RunningJob> {
+    s.running
+        .iter()
+        .map(|task| {
+            let core = task.core();
+            RunningJob {
+                id: core.id,
+                name: core.name().cloned(),
+                running_for: core.clock(),
+                stop_requested: core.is_stop_requested(),
+                caller_waiting: core.caller_waiting(),
+                caller_left: core.caller_left(),
+            }
+        })
+        .collect()
 }
 
 /// Waits until `settled` holds (inv. 2, async side).

@@ -150,7 +150,8 @@ impl EventQueue {
 /// Delivers a batch outside every lock (inv. 2).
 pub(crate) fn deliver(observer: &dyn Observer, batch: &VecDeque<JobEvent>) {
     for event in batch {
-        if catch_unwind(AssertUnwindSafe(|| observer.on_event(event))).is_err() {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| observer.on_event(event))) {
+            crate::job::drop_quietly(payload);
             tracing::warn!(id = event.id.0, kind = ?event.kind, "the lifecycle observer panicked; the panic was caught and delivery goes on");
         }
     }

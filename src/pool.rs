@@ -41,7 +41,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{BuildError, Error, Rejected, SubmitError};
 use crate::job::{
-    Job, JobCore, JobId, JobState, Task, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING,
+    drop_quietly, Job, JobCore, JobId, JobState, Task, CANCELLED, COMPLETED, PANICKED, QUEUED,
+    RUNNING,
 };
 use crate::metrics::Metrics;
 use crate::observer::{deliver, EventKind, EventQueue, Observer, ObserverSlot};
@@ -571,7 +572,14 @@ impl Inner {
     }
 
     pub(crate) fn metrics(&self) -> Metrics {
-        let s = lock(&self.shared);
+        lock(&self.shared).snapshot()
+    }
+}
+
+impl Shared {
+    /// The metrics, read under the lock the caller holds (inv. 3).
+    pub(crate) fn snapshot(&self) -> Metrics {
+        let s = self;
         let c = &s.counts;
         Metrics {
             accepted: c.accepted,
@@ -594,7 +602,9 @@ impl Inner {
             run_time_total: c.run_time_total,
         }
     }
+}
 
+impl Inner {
     /// Counts a refusal decided outside [`Inner::enqueue`] (no room, or the
     /// room semaphore closed by shutdown).
     pub(crate) fn count_refusal(&self, reason: &Rejected) {
@@ -660,15 +670,21 @@ impl Inner {
             }
             self.finish(&mut s, task.core(), panicked, ran);
             next = self.next_job(&mut s);
+            if next.is_none() {
+                // Inv. 4: from here until it parks this worker will look at
+                // the queue again, so a submitter need not wake or spawn one.
+                s.searching += 1;
+            }
             drop(s);
             // Inv. 1 and job.rs inv. 4: the permit is released, now publish.
             log_finished(task.core(), panicked, ran);
             task.publish();
-            drop(task);
+            // Drops a detached job's result: user code, caught if it panics.
+            drop_quietly(task);
             self.flush_events();
             owed = true;
             if next.is_none() {
-                next = self.wait_for_work(me, false, &mut owed);
+                next = self.wait_for_work(me, true, &mut owed);
             }
         }
         tracing::trace!("worker thread exiting");

@@ -362,7 +362,8 @@ impl StopToken {
 }
 
 fn run_callback(callback: Callback) {
-    if catch_unwind(AssertUnwindSafe(callback)).is_err() {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(callback)) {
+        crate::job::drop_quietly(payload);
         tracing::warn!(
             "a stop callback panicked; the panic was caught and the other callbacks still ran"
         );

@@ -14,7 +14,12 @@
 //! | `shutdown_vs_submit` | DESIGN 4 and 6; lifecycle.rs inv. 3: a job submitted while a shutdown begins is either refused (function handed back, never run) or accepted and run; nothing is lost |
 //! | `termination_vs_last_worker_exit` | DESIGN 6; lifecycle.rs inv. 1–2: a termination waiter wakes when the last worker exits, and only then |
 //! | `shutdown_now_vs_start` | DESIGN 3, 4 and 6: a queued job is either handed back unstarted (never run) or started, never both |
+//! | `job_stop_callback_vs_request` | stop.rs inv. 2–3 on a *job's* token (the job is its own stop source; its `StopExt` is created lazily under the job's slot lock): a callback registered by the running function while `JobHandle::stop` fires runs exactly once, whether the stop comes before, during or after the registration |
+//! | `job_stop_callback_drop_vs_request` | stop.rs inv. 4 on a job's token: once the function has dropped its guard, the callback is not running and never runs |
+//! | `completion_vs_replaced_async_waker` | job.rs inv. 3 with the async waker: a handle polled with one waker, then awaited with another (`will_wake` false, replaced under the slot lock) never misses the outcome |
+//! | `abandon_cancel_and_stop_vs_start` | DESIGN 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
 
+use std::future::Future as _;
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -246,4 +251,210 @@ fn shutdown_now_vs_start() {
         assert!(m.ledger_balances());
         assert_eq!(m.completed + m.unstarted, 1);
     });
+}
+
+/// Counts, across the iterations of one model, how often each branch was
+/// taken: a model that never reaches a branch does not check it.
+struct Branches<const N: usize>([StdAtomicUsize; N]);
+
+impl<const N: usize> Branches<N> {
+    const fn new() -> Self {
+        Branches([const { StdAtomicUsize::new(0) }; N])
+    }
+
+    fn hit(&self, i: usize) {
+        self.0[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[track_caller]
+    fn assert_all(&self, names: [&str; N]) {
+        for (i, name) in names.iter().enumerate() {
+            let n = self.0[i].load(std::sync::atomic::Ordering::Relaxed);
+            assert!(n > 0, "the model never reached the branch {name:?}");
+        }
+    }
+}
+
+#[test]
+fn job_stop_callback_vs_request() {
+    // 0: the callback ran at registration (stop came first); 1: it was
+    // still registered when the function returned (the stopper ran it).
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = pool(1);
+        let fired = Arc::new(AtomicUsize::new(0));
+        let f = fired.clone();
+        let job = pool
+            .offload(move |stop: &crate::StopToken| {
+                let f2 = f.clone();
+                let guard = stop.on_stop(move || {
+                    f2.fetch_add(1, Ordering::SeqCst);
+                });
+                let registered = guard.is_registered();
+                // The guard goes out with the outcome: the callback stays
+                // registered for as long as the owner keeps it.
+                (guard, registered)
+            })
+            .spawn()
+            .expect("accepted");
+        let job = Arc::new(job);
+        let stopper = {
+            let job = job.clone();
+            thread::spawn(move || job.stop())
+        };
+        let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
+        let Ok((guard, registered)) = outcome else {
+            panic!("the job completes");
+        };
+        assert!(stopper.join().unwrap(), "the only stop request makes it");
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "ran exactly once");
+        drop(guard);
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "ran exactly once");
+        BRANCHES.hit(usize::from(registered));
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!((m.completed, m.stop_requests), (1, 1));
+        drop(pool);
+    });
+    BRANCHES.assert_all(["stop before registration", "stop after registration"]);
+}
+
+#[test]
+fn job_stop_callback_drop_vs_request() {
+    // Phase of the callback when the function dropped its guard: 0 never
+    // ran (and never will), 2 ran to completion.
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = pool(1);
+        // 0: not run, 1: running, 2: finished.
+        let phase = Arc::new(AtomicUsize::new(0));
+        let p = phase.clone();
+        let job = pool
+            .offload(move |stop: &crate::StopToken| {
+                let p2 = p.clone();
+                let guard = stop.on_stop(move || {
+                    p2.store(1, Ordering::SeqCst);
+                    p2.store(2, Ordering::SeqCst);
+                });
+                drop(guard);
+                p.load(Ordering::SeqCst)
+            })
+            .spawn()
+            .expect("accepted");
+        let job = Arc::new(job);
+        let stopper = {
+            let job = job.clone();
+            thread::spawn(move || job.stop())
+        };
+        let after_drop = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)))
+            .expect("the job completes");
+        assert_ne!(
+            after_drop, 1,
+            "callback still running after its guard was dropped"
+        );
+        stopper.join().unwrap();
+        assert_eq!(
+            phase.load(Ordering::SeqCst),
+            after_drop,
+            "callback ran after its guard was dropped"
+        );
+        BRANCHES.hit(after_drop / 2);
+        drop(pool);
+    });
+    BRANCHES.assert_all(["dropped before stop", "stop before the drop"]);
+}
+
+/// A waker that records that it was woken, for a first poll by hand.
+struct FlagWaker(AtomicBool);
+
+impl std::task::Wake for FlagWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn completion_vs_replaced_async_waker() {
+    // 0: ready at the first poll; 1: pending, then completed under the
+    // replacement waker.
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = pool(1);
+        let mut job = pool.offload(|_| 7).spawn().expect("accepted");
+        let flag = std::sync::Arc::new(FlagWaker(AtomicBool::new(false)));
+        let waker = std::task::Waker::from(flag.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        match std::pin::Pin::new(&mut job).poll(&mut cx) {
+            std::task::Poll::Ready(v) => {
+                assert_eq!(v.ok(), Some(7));
+                BRANCHES.hit(0);
+            }
+            std::task::Poll::Pending => {
+                // Awaited again under loom's own waker: the first waker is
+                // replaced (or has already been woken); either way the
+                // outcome arrives.
+                assert_eq!(loom::future::block_on(job).ok(), Some(7));
+                BRANCHES.hit(1);
+            }
+        }
+        drop(pool);
+    });
+    BRANCHES.assert_all(["ready at once", "pending, then replaced waker"]);
+}
+
+#[test]
+fn abandon_cancel_and_stop_vs_start() {
+    // 0: cancelled before start; 1: stop requested on the running (or
+    // just finished, not yet published) function; 2: already finished.
+    static BRANCHES: Branches<3> = Branches::new();
+    loom::model(|| {
+        let pool = pool(1);
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let job = pool
+            .offload(move |_: &crate::StopToken| r.store(true, Ordering::SeqCst))
+            .spawn()
+            .expect("accepted");
+        let job = Arc::new(job);
+        let leaver = {
+            let job = job.clone();
+            thread::spawn(move || {
+                job.abandon(
+                    crate::AbandonPolicy::CancelAndStop,
+                    crate::pool::Departure::Dropped,
+                )
+            })
+        };
+        let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
+        let fate = leaver.join().unwrap();
+        let ran = ran.load(Ordering::SeqCst);
+        let m = pool.metrics();
+        match fate {
+            crate::Fate::CancelledBeforeStart => {
+                assert!(matches!(outcome, Err(Error::Cancelled { .. })) && !ran);
+                assert_eq!((m.cancelled, m.completed, m.stop_requests), (1, 0, 0));
+                BRANCHES.hit(0);
+            }
+            crate::Fate::StopRequested => {
+                assert!(outcome.is_ok() && ran && job.is_stop_requested());
+                assert_eq!((m.cancelled, m.completed, m.stop_requests), (0, 1, 1));
+                BRANCHES.hit(1);
+            }
+            crate::Fate::AlreadyFinished => {
+                assert!(outcome.is_ok() && ran);
+                assert_eq!((m.cancelled, m.completed), (0, 1));
+                BRANCHES.hit(2);
+            }
+            other => panic!("unexpected fate {other:?}"),
+        }
+        assert!(m.ledger_balances());
+        let left = u64::from(fate != crate::Fate::AlreadyFinished);
+        assert_eq!(m.callers_dropped, left);
+        drop(pool);
+    });
+    BRANCHES.assert_all([
+        "cancelled before start",
+        "stop requested",
+        "already finished",
+    ]);
 }

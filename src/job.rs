@@ -256,13 +256,10 @@ impl JobCore {
 pub(crate) trait Task: StopSource {
     fn core(&self) -> &JobCore;
 
-    /// Calls the function (the caller must have won `Queued → Running`) and
-    /// keeps its outcome unpublished; returns `true` if it panicked. The
-    /// worker releases the permit, then calls [`Task::publish`] (inv. 4).
-    fn call(&self, stop: &StopToken) -> bool;
-
-    /// Publishes the outcome kept by [`Task::call`] and wakes the waiter.
-    fn publish(&self);
+    /// Calls the function (the caller must have won `Queued → Running`),
+    /// then calls `returned` with whether it panicked, then publishes the
+    /// outcome (inv. 4: `returned` releases the permit first).
+    fn run(&self, stop: &StopToken, returned: &mut dyn FnMut(bool));
 
     /// Drops the never-run function and publishes `error` as the outcome
     /// (the caller must have won `Queued → Cancelled/Unstarted`).
@@ -278,25 +275,52 @@ pub(crate) trait Outcome<T>: Task {
     fn is_published(&self) -> bool;
 }
 
-/// A job with its function, outcome slot and stop state, in one allocation.
+/// A job with its function, outcome and stop state, in one allocation.
 pub(crate) struct Job<F, T> {
     core: JobCore,
-    slot: Mutex<Slot<F, T>>,
+    cell: Mutex<Cell<F, T>>,
 }
 
-struct Slot<F, T> {
-    cell: Cell<F, T>,
-    waker: Option<Waker>,
-    stop_ext: Option<Arc<StopExt>>,
-}
-
-/// The function, then the outcome. Errors are boxed to keep the job small.
+/// The function, then the outcome; the waiter's waker and the stop
+/// callbacks live in the states that need them, so that they share space.
 enum Cell<F, T> {
-    Func(F),
-    Running,
-    Kept(Result<T, Box<Error>>),
-    Published(Result<T, Box<Error>>),
-    Taken,
+    Queued {
+        func: F,
+        waker: Option<Waker>,
+    },
+    Running {
+        waker: Option<Waker>,
+        /// Stop callbacks and sleepers, created on first use by the running
+        /// function (stop.rs inv. 3).
+        stop_ext: Option<Arc<StopExt>>,
+    },
+    /// Errors are boxed to keep the job small. The stop state outlives the
+    /// function: a callback guard it handed out keeps working.
+    Published {
+        outcome: Result<T, Box<Error>>,
+        stop_ext: Option<Arc<StopExt>>,
+    },
+    Taken {
+        stop_ext: Option<Arc<StopExt>>,
+    },
+}
+
+impl<F, T> Cell<F, T> {
+    fn waker_slot(&mut self) -> Option<&mut Option<Waker>> {
+        match self {
+            Cell::Queued { waker, .. } | Cell::Running { waker, .. } => Some(waker),
+            Cell::Published { .. } | Cell::Taken { .. } => None,
+        }
+    }
+
+    fn stop_ext(&mut self) -> Option<&mut Option<Arc<StopExt>>> {
+        match self {
+            Cell::Queued { .. } => None,
+            Cell::Running { stop_ext, .. }
+            | Cell::Published { stop_ext, .. }
+            | Cell::Taken { stop_ext } => Some(stop_ext),
+        }
+    }
 }
 
 impl<F, T> Job<F, T>
@@ -307,54 +331,57 @@ where
     pub(crate) fn new(core: JobCore, func: F) -> Self {
         Job {
             core,
-            slot: Mutex::new(Slot {
-                cell: Cell::Func(func),
-                waker: None,
-                stop_ext: None,
-            }),
+            cell: Mutex::new(Cell::Queued { func, waker: None }),
         }
     }
 
     /// Takes the function out of its cell (inv. 2), leaving `Running`.
     pub(crate) fn take_func(&self) -> Option<F> {
-        let mut slot = lock(&self.slot);
-        match std::mem::replace(&mut slot.cell, Cell::Running) {
-            Cell::Func(f) => Some(f),
+        let mut cell = lock(&self.cell);
+        match std::mem::replace(&mut *cell, Cell::Taken { stop_ext: None }) {
+            Cell::Queued { func, waker } => {
+                *cell = Cell::Running {
+                    waker,
+                    stop_ext: None,
+                };
+                Some(func)
+            }
             other => {
-                slot.cell = other;
+                *cell = other;
                 None
             }
         }
     }
 
-    /// Makes a kept outcome (or `error`) visible and wakes the waiter.
-    fn publish_outcome(&self, error: Option<Error>) {
-        let mut slot = lock(&self.slot);
-        let outcome = match (std::mem::replace(&mut slot.cell, Cell::Taken), error) {
-            (_, Some(e)) => Err(Box::new(e)),
-            (Cell::Kept(outcome), None) => outcome,
-            // Unreachable: publish follows call, which keeps an outcome.
-            (other, None) => {
-                slot.cell = other;
-                return;
-            }
+    /// Publishes the outcome and wakes the waiter (inv. 3).
+    fn publish(&self, outcome: Result<T, Box<Error>>) {
+        let mut cell = lock(&self.cell);
+        let stop_ext = cell.stop_ext().and_then(Option::take);
+        let previous = std::mem::replace(&mut *cell, Cell::Published { outcome, stop_ext });
+        drop(cell);
+        // Woken outside the lock; inv. 3 only needs the publish under it.
+        let waker = match previous {
+            Cell::Queued { waker, .. } | Cell::Running { waker, .. } => waker,
+            Cell::Published { .. } | Cell::Taken { .. } => None,
         };
-        slot.cell = Cell::Published(outcome);
-        let waker = slot.waker.take();
-        drop(slot);
-        // Woken outside the lock (inv. 3 only needs the publish under it).
         if let Some(w) = waker {
             w.wake();
         }
     }
 
     /// Takes a published outcome; `None` if not published yet.
-    fn take_published(&self, slot: &mut Slot<F, T>) -> Option<Result<T, Error>> {
-        match std::mem::replace(&mut slot.cell, Cell::Taken) {
-            Cell::Published(outcome) => Some(outcome.map_err(|e| *e)),
-            Cell::Taken => Some(Err(Error::OutcomeTaken { id: self.core.id })),
+    fn take_published(&self, cell: &mut Cell<F, T>) -> Option<Result<T, Error>> {
+        match std::mem::replace(cell, Cell::Taken { stop_ext: None }) {
+            Cell::Published { outcome, stop_ext } => {
+                *cell = Cell::Taken { stop_ext };
+                Some(outcome.map_err(|e| *e))
+            }
+            taken @ Cell::Taken { .. } => {
+                *cell = taken;
+                Some(Err(Error::OutcomeTaken { id: self.core.id }))
+            }
             other => {
-                slot.cell = other;
+                *cell = other;
                 None
             }
         }
@@ -375,14 +402,19 @@ where
     }
 
     fn ext(&self, create: bool) -> Option<Arc<StopExt>> {
-        let mut slot = lock(&self.slot);
-        if create {
-            let ext = slot
-                .stop_ext
-                .get_or_insert_with(|| Arc::new(StopExt::new()));
-            return Some(ext.clone());
+        let mut cell = lock(&self.cell);
+        match cell.stop_ext() {
+            Some(stop_ext) if create => Some(
+                stop_ext
+                    .get_or_insert_with(|| Arc::new(StopExt::new()))
+                    .clone(),
+            ),
+            Some(stop_ext) => stop_ext.clone(),
+            // Queued: only a running function holds the token, and nothing
+            // can have registered yet.
+            None if create => Some(Arc::new(StopExt::new())),
+            None => None,
         }
-        slot.stop_ext.clone()
     }
 }
 
@@ -395,13 +427,15 @@ where
         &self.core
     }
 
-    fn call(&self, stop: &StopToken) -> bool {
+    fn run(&self, stop: &StopToken, returned: &mut dyn FnMut(bool)) {
         let Some(func) = self.take_func() else {
             // Unreachable by inv. 2; report rather than panic in a worker.
-            return false;
+            returned(false);
+            return;
         };
         let result = catch_unwind(AssertUnwindSafe(|| func(stop)));
-        let panicked = result.is_err();
+        // Inv. 4: the permit is released before the outcome is visible.
+        returned(result.is_err());
         let outcome = result.map_err(|payload| {
             let message = panic_message(payload.as_ref());
             drop_quietly(payload);
@@ -410,19 +444,13 @@ where
                 message,
             })
         });
-        // Kept, not yet visible: waiters see only `Published` (inv. 4).
-        lock(&self.slot).cell = Cell::Kept(outcome);
-        panicked
-    }
-
-    fn publish(&self) {
-        self.publish_outcome(None);
+        self.publish(outcome);
     }
 
     fn discard(&self, error: Error) {
         // The function is user code: dropped here, outside every pool lock.
         drop_quietly(self.take_func());
-        self.publish_outcome(Some(error));
+        self.publish(Err(Box::new(error)));
     }
 }
 
@@ -432,14 +460,16 @@ where
     T: Send + 'static,
 {
     fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
-        let mut slot = lock(&self.slot);
-        if let Some(outcome) = self.take_published(&mut slot) {
+        let mut cell = lock(&self.cell);
+        if let Some(outcome) = self.take_published(&mut cell) {
             return Poll::Ready(outcome);
         }
-        // Registered under the slot lock: `publish` sees it (inv. 3).
-        match &mut slot.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            w => *w = Some(cx.waker().clone()),
+        // Registered under the cell lock: `publish` sees it (inv. 3).
+        if let Some(slot) = cell.waker_slot() {
+            match slot {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                w => *w = Some(cx.waker().clone()),
+            }
         }
         Poll::Pending
     }
@@ -447,18 +477,22 @@ where
     fn wait_outcome(&self, until: Option<Instant>) -> Option<Result<T, Error>> {
         let waker = Waker::from(std::sync::Arc::new(ThreadWaker(thread::current())));
         loop {
-            let mut slot = lock(&self.slot);
-            if let Some(outcome) = self.take_published(&mut slot) {
+            let mut cell = lock(&self.cell);
+            if let Some(outcome) = self.take_published(&mut cell) {
                 return Some(outcome);
             }
-            slot.waker = Some(waker.clone());
-            drop(slot);
+            if let Some(slot) = cell.waker_slot() {
+                *slot = Some(waker.clone());
+            }
+            drop(cell);
             match until {
                 None => thread::park(),
                 Some(until) => {
                     let now = Instant::now();
                     if now >= until {
-                        lock(&self.slot).waker = None;
+                        if let Some(slot) = lock(&self.cell).waker_slot() {
+                            *slot = None;
+                        }
                         return None;
                     }
                     park_timeout(until - now);
@@ -468,7 +502,10 @@ where
     }
 
     fn is_published(&self) -> bool {
-        matches!(lock(&self.slot).cell, Cell::Published(_) | Cell::Taken)
+        matches!(
+            *lock(&self.cell),
+            Cell::Published { .. } | Cell::Taken { .. }
+        )
     }
 }
 
@@ -511,15 +548,15 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 mod tests {
     use super::*;
 
-    /// Memory target (issue 4): a queued no-op job is one allocation of at
-    /// most 104 bytes with its reference counts (a 112-byte malloc chunk),
-    /// plus its 16-byte queue slot: 128 bytes.
+    /// Memory target (issue 4: at most 128 bytes per queued job): a queued
+    /// no-op job is one allocation of at most 88 bytes with its reference
+    /// counts (a 96-byte malloc chunk), plus its 16-byte queue slot.
     #[test]
     fn a_queued_noop_job_is_one_small_allocation() {
         let job = Job::new(JobCore::new(JobId(1), None, None), |_: &StopToken| 0u64);
         let bytes = std::mem::size_of_val(&job) + 2 * std::mem::size_of::<usize>();
         assert!(
-            bytes <= 104,
+            bytes <= 88,
             "a no-op job takes {bytes} bytes with its Arc counts"
         );
     }

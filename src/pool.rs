@@ -663,26 +663,41 @@ impl Inner {
         let mut next = self.wait_for_work(me, true, &mut owed);
         while let Some(task) = next {
             self.flush_events();
-            let (panicked, ran) = self.run(&task);
-            let mut s = lock(&self.shared);
-            if std::mem::take(&mut owed) {
-                s.unpublished -= 1;
-            }
-            self.finish(&mut s, task.core(), panicked, ran);
-            next = self.next_job(&mut s);
-            if next.is_none() {
-                // Inv. 4: from here until it parks this worker will look at
-                // the queue again, so a submitter need not wake or spawn one.
-                s.searching += 1;
-            }
-            drop(s);
-            // Inv. 1 and job.rs inv. 4: the permit is released, now publish.
-            log_finished(task.core(), panicked, ran);
-            task.publish();
+            let core = task.core();
+            let span = core.span();
+            let entered = span.enter();
+            tracing::debug!("started");
+            let stop = StopToken::from_source(task.clone());
+            let mut following = None;
+            let mut ran = Duration::ZERO;
+            let mut panicked = false;
+            task.run(&stop, &mut |did_panic| {
+                // The function returned: release the permit and take the
+                // next job under one lock (inv. 1), before the outcome is
+                // published (job.rs inv. 4).
+                panicked = did_panic;
+                ran = core.clock();
+                let mut s = lock(&self.shared);
+                if std::mem::take(&mut owed) {
+                    s.unpublished -= 1;
+                }
+                self.finish(&mut s, core, did_panic, ran);
+                following = self.next_job(&mut s);
+                if following.is_none() {
+                    // Inv. 4: from here until it parks this worker will look
+                    // at the queue again, so a submitter need not wake or
+                    // spawn one.
+                    s.searching += 1;
+                }
+            });
+            drop(stop);
+            log_finished(core, panicked, ran);
+            drop(entered);
             // Drops a detached job's result: user code, caught if it panics.
             drop_quietly(task);
             self.flush_events();
             owed = true;
+            next = following;
             if next.is_none() {
                 next = self.wait_for_work(me, true, &mut owed);
             }
@@ -823,18 +838,6 @@ impl Inner {
             s.events.push(core, EventKind::Started);
         }
         Some(task)
-    }
-
-    /// Calls the job's function; returns whether it panicked and how long
-    /// it ran.
-    fn run(&self, task: &Arc<dyn Task>) -> (bool, Duration) {
-        let core = task.core();
-        let span = core.span();
-        let _entered = span.enter();
-        tracing::debug!("started");
-        let stop = StopToken::from_source(task.clone());
-        let panicked = task.call(&stop);
-        (panicked, core.clock())
     }
 
     /// Releases the permit of a job whose function returned (inv. 1).

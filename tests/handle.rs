@@ -370,3 +370,39 @@ async fn a_detached_job_may_outlive_every_offloader_clone() {
     );
     assert!(done.load(Ordering::SeqCst));
 }
+
+/// A handle first polled under one waker and then awaited under another
+/// must wake the second (kills the `will_wake` survivor: keeping a stale
+/// waker loses the wake-up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
+    let pool = offloader::Offloader::builder()
+        .max_in_flight(1)
+        .build()
+        .expect("valid configuration");
+    let (mut open, hold) = common::gate();
+    let (started_tx, mut started) = common::signal::<()>();
+    let mut job = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            hold.wait();
+            7
+        })
+        .spawn()
+        .expect("room");
+    common::recv("started", &mut started).await;
+    // First poll under a waker nobody listens to.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(std::future::Future::poll(std::pin::Pin::new(&mut job), &mut cx).is_pending());
+    // Then await it in a task: only this task's waker can finish it.
+    let waiter = tokio::spawn(async move { job.await });
+    tokio::task::yield_now().await;
+    open.open();
+    assert_eq!(
+        common::within("the second waker", waiter)
+            .await
+            .expect("task")
+            .expect("ran"),
+        7
+    );
+}

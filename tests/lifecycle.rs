@@ -1428,3 +1428,70 @@ async fn after_idle_every_outcome_is_available() {
         }
     }
 }
+
+/// The close report counts what finished *during* the close, not before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_report_counts_only_what_finished_during_the_close() {
+    let pool = pool(1, 8);
+    for _ in 0..3 {
+        pool.offload(|_stop| ()).await.expect("completed");
+    }
+    let _ = pool
+        .offload(|_stop| -> () { panic!("on purpose, before the close") })
+        .await;
+    pool.offload(|_stop| ()).spawn().expect("room").detach();
+    let _ = pool
+        .offload(|_stop| -> () { panic!("on purpose, during the close") })
+        .spawn()
+        .expect("room");
+    let report = within(
+        "close",
+        pool.close(Duration::from_secs(20), Duration::from_secs(1)),
+    )
+    .await;
+    assert!(report.terminated && !report.escalated, "{report:?}");
+    assert!(report.completed <= 1 && report.panicked <= 1, "{report:?}");
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.panicked), (4, 2), "{m:?}");
+}
+
+/// A blocking wait for termination with a limit returns `true` when the pool
+/// terminates within it, and `false` when it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_await_termination_with_a_limit() {
+    let pool = pool(1, 8);
+    let gate = Gate::new();
+    let _release = OpenOnDrop(gate.clone());
+    let (started_tx, mut started) = signal::<()>();
+    let g = gate.clone();
+    let job = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            g.wait();
+        })
+        .spawn()
+        .expect("room");
+    recv(&mut started).await;
+    pool.shutdown();
+    let p = pool.clone();
+    let short = tokio::task::spawn_blocking(move || {
+        p.blocking_await_termination(Some(Duration::from_millis(5)))
+    });
+    assert!(
+        !within("short wait", short).await.expect("thread"),
+        "terminated while a job still runs"
+    );
+    let (about_tx, about_rx) = std::sync::mpsc::channel();
+    let p = pool.clone();
+    let long = std::thread::spawn(move || {
+        let _ = about_tx.send(());
+        p.blocking_await_termination(Some(Duration::from_secs(60)))
+    });
+    about_rx.recv().expect("waiter started");
+    gate.open();
+    within("job", job).await.expect("completed");
+    assert!(
+        long.join().expect("thread"),
+        "the pool terminated within the limit"
+    );
+}

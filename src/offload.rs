@@ -4,18 +4,17 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-
-use tokio::sync::{AcquireError, OwnedSemaphorePermit, TryAcquireError};
 
 use crate::error::{Error, Rejected, SubmitError};
 use crate::handle::JobHandle;
 use crate::job::{Job, JobCore};
+use crate::pool::Inner;
 use crate::pool::{Departure, Offloader};
 use crate::stop::StopToken;
-use crate::sync::Arc;
+use crate::sync::{lock, Arc};
 
 /// What happens to a job when the caller awaiting it stops waiting (its
 /// [`with_timeout`](Offload::with_timeout) passes or its future is dropped)
@@ -142,15 +141,10 @@ where
     /// # Ok(()) }
     /// ```
     pub fn spawn(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        let began = Instant::now();
-        let room = match self.pool.inner().room.clone().try_acquire_owned() {
-            Ok(room) => room,
-            Err(e) => {
-                let reason = self.refusal(e);
-                return Err(SubmitError::new(reason, self.func));
-            }
-        };
-        self.accept(room, began)
+        self.try_accept(Instant::now()).map_err(|(reason, back)| {
+            back.pool.inner().count_refusal(&reason);
+            SubmitError::new(reason, back.func)
+        })
     }
 
     /// Submits the job once the queue has room, waiting for it, and returns
@@ -166,50 +160,76 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn submit(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        let began = Instant::now();
-        let room = self.pool.inner().room.clone().acquire_owned().await;
-        match room {
-            Ok(room) => self.accept(room, began),
-            Err(_closed) => {
-                let reason = Rejected::ShuttingDown;
-                self.pool.inner().count_refusal(&reason);
-                Err(SubmitError::new(reason, self.func))
+        self.submit_from(Instant::now()).await
+    }
+
+    /// [`submit`](Self::submit), with the caller's wait counted from `began`.
+    async fn submit_from(self, began: Instant) -> Result<JobHandle<T>, SubmitError<F>> {
+        let inner = self.pool.inner().clone();
+        let _counted = RoomWaiter::new(&inner);
+        let mut this = self;
+        loop {
+            // Registered before trying, so that a slot freed in between
+            // wakes this wait (pool.rs `free_room`).
+            let mut freed = pin!(inner.room_freed.notified());
+            freed.as_mut().enable();
+            match this.try_accept(began) {
+                Ok(handle) => return Ok(handle),
+                Err((Rejected::Full { .. }, back)) => this = back,
+                Err((reason, back)) => {
+                    inner.count_refusal(&reason);
+                    return Err(SubmitError::new(reason, back.func));
+                }
             }
+            freed.await;
         }
     }
 
-    fn refusal(&self, e: TryAcquireError) -> Rejected {
-        let inner = self.pool.inner();
-        let reason = match e {
-            TryAcquireError::NoPermits => Rejected::Full {
-                capacity: inner.config.queue_capacity,
-            },
-            // The room semaphore is closed only by shutdown.
-            TryAcquireError::Closed => Rejected::ShuttingDown,
-        };
-        inner.count_refusal(&reason);
-        reason
-    }
-
-    fn accept(
-        self,
-        room: OwnedSemaphorePermit,
-        began: Instant,
-    ) -> Result<JobHandle<T>, SubmitError<F>> {
-        let inner = self.pool.inner();
+    /// One attempt: enqueues the job if there is room; otherwise hands the
+    /// offload back, unchanged but for a spent job id.
+    fn try_accept(self, began: Instant) -> Result<JobHandle<T>, (Rejected, Self)> {
+        let inner = self.pool.inner().clone();
         let wait_until = self.timeout.and_then(|t| began.checked_add(t));
         let deadline = match (wait_until, self.deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let core = JobCore::new(inner.next_id(), self.name, deadline);
+        let core = JobCore::new(inner.next_id(), self.name.clone(), deadline);
         let job = Arc::new(Job::new(core, self.func));
-        inner.submit(room, job.clone())?;
-        let mut handle = JobHandle::new(job, inner.clone());
+        if let Err((reason, func)) = inner.submit(job.clone()) {
+            let back = Offload {
+                pool: self.pool,
+                func,
+                name: self.name,
+                timeout: self.timeout,
+                deadline: self.deadline,
+                policy: self.policy,
+                _result: PhantomData,
+            };
+            return Err((reason, back));
+        }
+        let mut handle = JobHandle::new(job, inner);
         if let Some(limit) = self.timeout {
             handle.set_wait_limit(began, limit);
         }
         Ok(handle)
+    }
+}
+
+/// Counts a caller waiting for room for as long as it waits, so that freed
+/// slots signal it (pool.rs `free_room`).
+struct RoomWaiter<'a>(&'a Inner);
+
+impl<'a> RoomWaiter<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        lock(&inner.shared).room_waiters += 1;
+        RoomWaiter(inner)
+    }
+}
+
+impl Drop for RoomWaiter<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.shared).room_waiters -= 1;
     }
 }
 
@@ -239,22 +259,24 @@ where
             began,
             limit: self.timeout,
             policy,
+            pool: self.pool.clone(),
             stage: Stage::Admit {
                 offload: Some(self),
-                acquire: None,
+                waiting: None,
             },
             timer: None,
         }
     }
 }
 
-type Acquire = Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send>>;
+/// A caller's wait for queue room, owning the function meanwhile.
+type WaitForRoom<F, T> = Pin<Box<dyn Future<Output = Result<JobHandle<T>, SubmitError<F>>> + Send>>;
 
 enum Stage<F, T> {
-    /// Not yet accepted: waiting for room in the queue.
+    /// Not yet accepted: the first attempt, then waiting for room.
     Admit {
         offload: Option<Offload<F, T>>,
-        acquire: Option<Acquire>,
+        waiting: Option<WaitForRoom<F, T>>,
     },
     /// Accepted; waiting for the outcome.
     Wait(JobHandle<T>),
@@ -271,6 +293,7 @@ pin_project_lite::pin_project! {
     /// function really returns.
     #[must_use = "futures do nothing unless polled"]
     pub struct OffloadFuture<F, T> {
+        pool: Offloader,
         began: Instant,
         limit: Option<Duration>,
         policy: AbandonPolicy,
@@ -310,69 +333,51 @@ where
         let mut this = self.project();
         loop {
             match this.stage {
-                Stage::Admit { offload, acquire } => {
-                    let room = match acquire {
+                Stage::Admit { offload, waiting } => {
+                    let admitted = match waiting {
+                        // First poll: one attempt without waiting.
                         None => {
-                            let Some(o) = offload.as_ref() else {
+                            let Some(o) = offload.take() else {
                                 *this.stage = Stage::Done;
                                 continue;
                             };
-                            match o.pool.inner().room.clone().try_acquire_owned() {
-                                Ok(room) => room,
-                                Err(e @ TryAcquireError::Closed) => {
-                                    let reason = o.refusal(e);
-                                    *this.stage = Stage::Done;
-                                    return Poll::Ready(Err(reason.into()));
-                                }
-                                Err(TryAcquireError::NoPermits) => {
-                                    let sem = o.pool.inner().room.clone();
-                                    *acquire = Some(Box::pin(sem.acquire_owned()));
+                            match o.try_accept(*this.began) {
+                                Ok(handle) => Ok(handle),
+                                Err((Rejected::Full { .. }, back)) => {
+                                    *waiting = Some(Box::pin(back.submit_from(*this.began)));
                                     continue;
+                                }
+                                Err((reason, back)) => {
+                                    back.pool.inner().count_refusal(&reason);
+                                    Err(Error::Rejected(reason))
                                 }
                             }
                         }
                         Some(fut) => match fut.as_mut().poll(cx) {
-                            Poll::Ready(Ok(room)) => room,
-                            Poll::Ready(Err(_closed)) => {
-                                let reason = Rejected::ShuttingDown;
-                                if let Some(o) = offload.as_ref() {
-                                    o.pool.inner().count_refusal(&reason);
-                                }
-                                *this.stage = Stage::Done;
-                                return Poll::Ready(Err(reason.into()));
-                            }
+                            Poll::Ready(r) => r.map_err(Error::from),
                             Poll::Pending => {
                                 if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                                     return Poll::Pending;
                                 }
-                                let capacity = offload
-                                    .as_ref()
-                                    .map(|o| o.pool.inner().config.queue_capacity)
-                                    .unwrap_or_default();
+                                // Dropping the wait gives up the function.
+                                *waiting = None;
                                 let reason = Rejected::FullUntilTimeout {
-                                    capacity,
+                                    capacity: this.pool.inner().config.queue_capacity,
                                     waited: this.began.elapsed(),
                                 };
-                                if let Some(o) = offload.as_ref() {
-                                    o.pool.inner().count_refusal(&reason);
-                                }
-                                *this.stage = Stage::Done;
-                                return Poll::Ready(Err(reason.into()));
+                                this.pool.inner().count_refusal(&reason);
+                                Err(Error::Rejected(reason))
                             }
                         },
                     };
-                    let Some(o) = offload.take() else {
-                        *this.stage = Stage::Done;
-                        continue;
-                    };
-                    match o.accept(room, *this.began) {
+                    match admitted {
                         Ok(mut handle) => {
                             handle.clear_wait_limit();
                             *this.stage = Stage::Wait(handle);
                         }
                         Err(e) => {
                             *this.stage = Stage::Done;
-                            return Poll::Ready(Err(e.into()));
+                            return Poll::Ready(Err(e));
                         }
                     }
                 }

@@ -37,9 +37,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-use crate::error::{BuildError, Error, Rejected, SubmitError};
+use crate::error::{BuildError, Error, Rejected};
 use crate::job::{
     drop_quietly, Job, JobCore, JobId, JobState, Task, CANCELLED, COMPLETED, PANICKED, QUEUED,
     RUNNING,
@@ -52,7 +50,7 @@ use crate::sync::{lock, thread, Arc, Condvar, Mutex, MutexGuard};
 
 /// Largest queue capacity: tokio's semaphore limit, well beyond any sane
 /// configuration.
-const MAX_QUEUE_CAPACITY: usize = Semaphore::MAX_PERMITS;
+const MAX_QUEUE_CAPACITY: usize = usize::MAX >> 4;
 
 /// Default for [`Builder::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
@@ -228,7 +226,7 @@ impl Builder {
             });
         }
         let inner = Arc::new(Inner {
-            room: std::sync::Arc::new(Semaphore::new(c.queue_capacity)),
+            room_freed: tokio::sync::Notify::new(),
             config: c,
             shared: Mutex::new(Shared::default()),
             queue_hint: AtomicUsize::new(0),
@@ -299,9 +297,9 @@ pub(crate) struct Inner {
     pub(crate) changed: Condvar,
     /// The same signal for async waiters.
     pub(crate) progress: tokio::sync::Notify,
-    /// One permit per free queue slot; closed at shutdown so that callers
-    /// waiting for room wake with an error.
-    pub(crate) room: std::sync::Arc<Semaphore>,
+    /// Signalled when a queue slot frees (one waiter per slot) and at
+    /// shutdown (every waiter), for callers waiting for room.
+    pub(crate) room_freed: tokio::sync::Notify,
     /// Plain std atomic: ids only need to be unique, not modelled by loom.
     next_id: AtomicU64,
 }
@@ -323,6 +321,8 @@ pub(crate) struct Shared {
     /// Awake workers without a job that will check the queue (inv. 4).
     searching: usize,
     next_worker: u64,
+    /// Callers waiting for room in a full queue.
+    pub(crate) room_waiters: usize,
     /// Threads waiting in `idle()`, `terminated()` and their blocking forms.
     pub(crate) settle_waiters: usize,
     pub(crate) shutdown: bool,
@@ -386,30 +386,23 @@ impl Inner {
         )
     }
 
-    /// Enqueues `job`, which holds one unit of queue room, starting or
-    /// claiming a worker for it. On refusal the function is handed back.
-    pub(crate) fn submit<F, T>(
-        self: &Arc<Self>,
-        room: OwnedSemaphorePermit,
-        job: Arc<Job<F, T>>,
-    ) -> Result<(), SubmitError<F>>
+    /// Enqueues `job` if the queue has room, starting or claiming a worker
+    /// for it. On refusal the function is handed back; refusals for a full
+    /// queue are not counted here (a waiting caller retries).
+    pub(crate) fn submit<F, T>(self: &Arc<Self>, job: Arc<Job<F, T>>) -> Result<(), (Rejected, F)>
     where
         F: FnOnce(&StopToken) -> T + Send + 'static,
         T: Send + 'static,
     {
         let refused = match self.enqueue(job.clone()) {
             Ok(()) => {
-                // The slot now belongs to the queued job; a worker (or a
-                // cancel) returns it when the job leaves the queue.
-                room.forget();
                 self.flush_events();
                 return Ok(());
             }
             Err(reason) => reason,
         };
-        drop(room);
         match job.take_func() {
-            Some(f) => Err(SubmitError::new(refused, f)),
+            Some(f) => Err((refused, f)),
             // The function is taken only by whoever wins the swap out of
             // `Queued`, and this job never reached the queue.
             None => unreachable!("a refused job still holds its function"),
@@ -421,6 +414,11 @@ impl Inner {
         if s.shutdown {
             s.counts.rejected_shutdown += 1;
             return Err(Rejected::ShuttingDown);
+        }
+        if s.queue.len() >= self.config.queue_capacity {
+            return Err(Rejected::Full {
+                capacity: self.config.queue_capacity,
+            });
         }
         // Inv. 4: make sure some worker will look at the queue.
         let mut wake = None;
@@ -508,8 +506,8 @@ impl Inner {
             s.events
                 .push(core, EventKind::Finished(JobState::Cancelled));
         }
+        self.free_room(&s);
         drop(s);
-        self.room.add_permits(1);
         tracing::debug!(parent: &core.span(), "cancelled before start");
         if let Some(task) = task {
             task.discard(Error::Cancelled { id: core.id });
@@ -566,7 +564,7 @@ impl Inner {
             worker.unpark();
         }
         // Wakes callers waiting for room; they see `ShuttingDown`.
-        self.room.close();
+        self.room_freed.notify_waiters();
         tracing::debug!("offloader shutting down: new jobs are refused, queued jobs still run");
         true
     }
@@ -605,16 +603,22 @@ impl Shared {
 }
 
 impl Inner {
-    /// Counts a refusal decided outside [`Inner::enqueue`] (no room, or the
-    /// room semaphore closed by shutdown).
+    /// A queue slot was freed (called under the lock): wakes one caller
+    /// waiting for room, if any.
+    fn free_room(&self, s: &Shared) {
+        if s.room_waiters > 0 {
+            self.room_freed.notify_one();
+        }
+    }
+
+    /// Counts a refusal that the caller reports (a full queue, for good).
+    ///
+    /// `enqueue` counts the other refusals itself, under the lock in which it
+    /// decides them; a full queue is only a refusal once the caller stops
+    /// retrying.
     pub(crate) fn count_refusal(&self, reason: &Rejected) {
-        let mut s = lock(&self.shared);
-        match reason {
-            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => {
-                s.counts.rejected_full += 1
-            }
-            Rejected::ShuttingDown => s.counts.rejected_shutdown += 1,
-            Rejected::ThreadSpawn(_) => s.counts.rejected_spawn += 1,
+        if let Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } = reason {
+            lock(&self.shared).counts.rejected_full += 1;
         }
     }
 
@@ -823,7 +827,7 @@ impl Inner {
     fn next_job(&self, s: &mut Shared) -> Option<Arc<dyn Task>> {
         let task = s.queue.pop_front()?;
         self.queue_hint.store(s.queue.len(), StdOrdering::Release);
-        self.room.add_permits(1);
+        self.free_room(s);
         let core = task.core();
         if !core.transition(QUEUED, RUNNING) {
             // Unreachable by inv. 2: a job leaving `Queued` any other way is

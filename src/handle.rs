@@ -50,7 +50,8 @@ use crate::sync::Arc;
 pub struct JobHandle<T> {
     job: Arc<dyn Outcome<T>>,
     pool: Arc<Inner>,
-    timer: Option<Timer>,
+    /// Boxed: most handles have no wait limit, and a handle stays 32 bytes.
+    timer: Option<Box<Timer>>,
 }
 
 /// The wait limit a handle got from [`Offload::with_timeout`](crate::Offload::with_timeout).
@@ -71,11 +72,11 @@ impl<T> JobHandle<T> {
     }
 
     pub(crate) fn set_wait_limit(&mut self, began: Instant, limit: Duration) {
-        self.timer = Some(Timer {
+        self.timer = Some(Box::new(Timer {
             began,
             limit,
             sleep: None,
-        });
+        }));
     }
 
     pub(crate) fn clear_wait_limit(&mut self) {
@@ -173,6 +174,25 @@ impl<T> JobHandle<T> {
         match self.job.wait_outcome(began.checked_add(limit)) {
             Some(outcome) => outcome,
             None => self.timed_out(began.elapsed(), None),
+        }
+    }
+
+    /// Spins up to `budget` for the outcome; `true` if it is ready.
+    pub(crate) fn spin_until_finished(&self, budget: Duration) -> bool {
+        if budget.is_zero() {
+            return false;
+        }
+        let began = Instant::now();
+        loop {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+            if self.is_finished() {
+                return true;
+            }
+            if began.elapsed() >= budget {
+                return false;
+            }
         }
     }
 

@@ -260,6 +260,7 @@ where
             limit: self.timeout,
             policy,
             pool: self.pool.clone(),
+            spun: false,
             stage: Stage::Admit {
                 offload: Some(self),
                 waiting: None,
@@ -295,6 +296,9 @@ pin_project_lite::pin_project! {
     pub struct OffloadFuture<F, T> {
         pool: Offloader,
         began: Instant,
+        // Whether this caller already spent its one short spin (pool.rs
+        // `caller_spin`).
+        spun: bool,
         limit: Option<Duration>,
         policy: AbandonPolicy,
         stage: Stage<F, T>,
@@ -385,6 +389,11 @@ where
                     if let Poll::Ready(outcome) = handle.poll_outcome(cx) {
                         *this.stage = Stage::Done;
                         return Poll::Ready(outcome);
+                    }
+                    if !std::mem::replace(this.spun, true)
+                        && handle.spin_until_finished(this.pool.inner().caller_spin())
+                    {
+                        continue;
                     }
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;

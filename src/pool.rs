@@ -233,6 +233,7 @@ impl Builder {
             changed: Condvar::new(),
             progress: tokio::sync::Notify::new(),
             next_id: AtomicU64::new(0),
+            recent_run_ns: AtomicU64::new(1_000_000),
         });
         Ok(Offloader {
             handle: Arc::new(PoolHandle { inner }),
@@ -302,6 +303,9 @@ pub(crate) struct Inner {
     pub(crate) room_freed: tokio::sync::Notify,
     /// Plain std atomic: ids only need to be unique, not modelled by loom.
     next_id: AtomicU64,
+    /// Moving average of recent run times (ns), for callers deciding
+    /// whether a short spin will see the outcome before parking is worth it.
+    recent_run_ns: AtomicU64,
 }
 
 #[derive(Default)]
@@ -603,6 +607,22 @@ impl Shared {
 }
 
 impl Inner {
+    /// How long an awaiting caller may spin for the outcome of a job it
+    /// just submitted before it parks: a wake-up of a parked async thread
+    /// costs more than a short job, so when recent jobs were short the
+    /// caller looks for the outcome for a few microseconds first. Zero when
+    /// recent jobs were not short, and under loom.
+    pub(crate) fn caller_spin(&self) -> Duration {
+        if !SPIN {
+            return Duration::ZERO;
+        }
+        let recent = self.recent_run_ns.load(StdOrdering::Relaxed);
+        if recent > CALLER_SPIN_MAX_RUN_NS {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(4 * recent + 2_000).min(CALLER_SPIN_BUDGET)
+    }
+
     /// A queue slot was freed (called under the lock): wakes one caller
     /// waiting for room, if any.
     fn free_room(&self, s: &Shared) {
@@ -852,6 +872,12 @@ impl Inner {
         }
         s.counts.run_time_total += ran;
         s.unpublished += 1;
+        // ORDERING: a hint for callers deciding whether to spin; no proof
+        // rests on it.
+        let old = self.recent_run_ns.load(StdOrdering::Relaxed);
+        let new = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
+        self.recent_run_ns
+            .store(old - old / 8 + new / 8, StdOrdering::Relaxed);
         let state = if panicked {
             core.transition(RUNNING, PANICKED);
             s.counts.panicked += 1;
@@ -883,6 +909,11 @@ fn log_finished(core: &JobCore, panicked: bool, ran: Duration) {
 /// Spinning before parking saves a futex wake-up when jobs arrive back to
 /// back. Off under loom, whose scheduler cannot preempt a spin loop.
 const SPIN: bool = cfg!(not(loom));
+/// Callers spin for an outcome only while recent jobs ran shorter than this.
+const CALLER_SPIN_MAX_RUN_NS: u64 = 5_000;
+/// The longest a caller spins before it parks: well under the tens of
+/// microseconds an async task may run between awaits.
+const CALLER_SPIN_BUDGET: Duration = Duration::from_micros(20);
 /// How long a worker spins (then yields) before it parks.
 const SPIN_BUDGET: Duration = Duration::from_micros(50);
 

@@ -1,0 +1,65 @@
+//! Configuration: invalid settings are errors, not panics or silent fixes;
+//! every public type prints something useful.
+
+use offloader::{BuildError, Offloader};
+
+#[test]
+fn zero_in_flight_is_refused() {
+    let err = Offloader::builder().max_in_flight(0).build().unwrap_err();
+    assert!(matches!(err, BuildError::ZeroInFlight));
+    assert_eq!(err.to_string(), "max_in_flight must be at least 1");
+}
+
+#[test]
+fn queue_capacity_must_be_positive_and_bounded() {
+    for bad in [0, usize::MAX] {
+        let err = Offloader::builder()
+            .queue_capacity(bad)
+            .build()
+            .unwrap_err();
+        match err {
+            BuildError::QueueCapacity { got, max } => {
+                assert_eq!(got, bad);
+                assert!(
+                    max >= 1 << 40,
+                    "the limit is far beyond any real queue: {max}"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // The extremes that are valid build.
+    assert!(Offloader::builder().queue_capacity(1).build().is_ok());
+    let max = match Offloader::builder().queue_capacity(usize::MAX).build() {
+        Err(BuildError::QueueCapacity { max, .. }) => max,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert!(Offloader::builder().queue_capacity(max).build().is_ok());
+    assert!(Offloader::builder()
+        .queue_capacity(max + 1)
+        .build()
+        .is_err());
+    // Both limits checked independently: a bad capacity with a good limit,
+    // and a good capacity with a bad limit.
+    assert!(Offloader::builder()
+        .max_in_flight(4)
+        .queue_capacity(0)
+        .build()
+        .is_err());
+    assert!(Offloader::builder()
+        .max_in_flight(0)
+        .queue_capacity(4)
+        .build()
+        .is_err());
+}
+
+#[test]
+fn the_defaults_build() {
+    let pool = Offloader::builder().build().expect("defaults are valid");
+    let shown = format!("{pool:?}");
+    assert!(shown.contains("max_in_flight: 64"), "{shown}");
+    assert!(shown.contains("queue_capacity: 4096"), "{shown}");
+    assert!(shown.contains("accepted: 0"), "{shown}");
+    assert_eq!(offloader::DEFAULT_MAX_IN_FLIGHT, 64);
+    assert_eq!(offloader::DEFAULT_QUEUE_CAPACITY, 4096);
+}

@@ -395,7 +395,7 @@ async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     assert!(std::future::Future::poll(std::pin::Pin::new(&mut job), &mut cx).is_pending());
     // Then await it in a task: only this task's waker can finish it.
-    let waiter = tokio::spawn(async move { job.await });
+    let waiter = tokio::spawn(job);
     tokio::task::yield_now().await;
     open.open();
     assert_eq!(

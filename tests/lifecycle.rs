@@ -1440,10 +1440,10 @@ async fn a_close_report_counts_only_what_finished_during_the_close() {
         .offload(|_stop| -> () { panic!("on purpose, before the close") })
         .await;
     pool.offload(|_stop| ()).spawn().expect("room").detach();
-    let _ = pool
-        .offload(|_stop| -> () { panic!("on purpose, during the close") })
+    pool.offload(|_stop| -> () { panic!("on purpose, during the close") })
         .spawn()
-        .expect("room");
+        .expect("room")
+        .detach();
     let report = within(
         "close",
         pool.close(Duration::from_secs(20), Duration::from_secs(1)),

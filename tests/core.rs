@@ -700,25 +700,38 @@ async fn cancel_after_start_returns_false_and_the_function_keeps_running() {
 async fn cancel_after_start_sets_the_stop_token() {
     let pool = single();
     let (started_tx, mut started) = signal::<()>();
+    let (saw_tx, mut saw_stop) = signal::<bool>();
     let (mut g, hold) = gate();
+    let (mut after, hold_after) = gate();
     let a = pool
         .offload(move |stop| {
             started_tx.send(()).expect("test alive");
-            hold.wait_or_stop(stop)
+            // Returns early once stop is requested...
+            let saw = hold.wait_or_stop(stop);
+            saw_tx.send(saw).expect("test alive");
+            // ...and then the function still runs, holding its permit.
+            hold_after.wait();
+            saw
         })
         .spawn()
         .expect("accepted");
     recv("started", &mut started).await;
     assert!(!a.cancel());
     let requested = a.is_stop_requested();
+    let saw = recv("the function saw the stop request", &mut saw_stop).await;
     let m = pool.metrics();
-    g.open(); // never leave the worker held, whatever happened
-    let saw = within("a", a).await.unwrap();
+    // Never leave the worker held, whatever happened.
+    g.open();
+    after.open();
+    assert_eq!(within("a", a).await.unwrap(), saw);
     assert!(
         requested && saw,
         "cancel() on a running job must request stop (requested={requested}, function saw={saw}, {m:?})"
     );
-    assert_eq!(m.running, 1, "the permit stays held: {m:?}");
+    assert_eq!(
+        m.running, 1,
+        "the permit stays held until the function returns: {m:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::stop::{StopExt, StopSource, StopToken};
-use crate::sync::{lock, thread, Arc, AtomicBool, AtomicU8, Mutex, Ordering};
+use crate::sync::{lock, park_timeout, thread, Arc, AtomicBool, AtomicU8, Mutex, Ordering};
 
 /// A job's identity: unique within one process, increasing in order of
 /// submission.
@@ -520,17 +520,6 @@ impl Wake for ThreadWaker {
     fn wake_by_ref(self: &std::sync::Arc<Self>) {
         self.0.unpark();
     }
-}
-
-#[cfg(not(loom))]
-fn park_timeout(d: Duration) {
-    std::thread::park_timeout(d);
-}
-
-#[cfg(loom)]
-fn park_timeout(_d: Duration) {
-    // loom has no timed park; models only use untimed waits.
-    loom::thread::yield_now();
 }
 
 /// The message of a caught panic, if its payload is a string.

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Pretty};
 use crate::job::{JobId, QUEUED, UNSTARTED};
 use crate::observer::EventKind;
-use crate::pool::{Inner, Offloader, Shared};
+use crate::pool::{Inner, Offloader, Shared, Waiting};
 use crate::sync::{lock, Arc};
 
 /// A job that an immediate shutdown removed from the queue; its function
@@ -371,7 +371,8 @@ fn running_list(s: &Shared) -> Vec<RunningJob> {
 
 /// Waits until `settled` holds (inv. 2, async side).
 async fn wait(inner: &Arc<Inner>, settled: fn(&Shared) -> bool) {
-    let _registered = SettleWaiter::new(inner);
+    // Counted so that transitions signal it (pool.rs `signal_if_settled`).
+    let _registered = Waiting::new(inner, |s| &mut s.settle_waiters);
     loop {
         let mut notified = pin!(inner.progress.notified());
         notified.as_mut().enable();
@@ -410,24 +411,6 @@ pub(crate) fn blocking_wait(
             Ok((g, _)) => g,
             Err(poisoned) => poisoned.into_inner().0,
         };
-    }
-}
-
-/// Counts an async waiter in `settle_waiters` for as long as it exists, so
-/// that transitions signal it (pool.rs `signal_if_settled`); a dropped wait
-/// future unregisters.
-struct SettleWaiter<'a>(&'a Inner);
-
-impl<'a> SettleWaiter<'a> {
-    fn new(inner: &'a Inner) -> Self {
-        lock(&inner.shared).settle_waiters += 1;
-        SettleWaiter(inner)
-    }
-}
-
-impl Drop for SettleWaiter<'_> {
-    fn drop(&mut self) {
-        lock(&self.0.shared).settle_waiters -= 1;
     }
 }
 

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Rejected, SubmitError};
 use crate::handle::JobHandle;
 use crate::job::{Job, JobCore};
-use crate::pool::Inner;
+use crate::pool::Waiting;
 use crate::pool::{Departure, Offloader};
 use crate::stop::StopToken;
-use crate::sync::{lock, Arc};
+use crate::sync::Arc;
 
 /// What happens to a job when the caller awaiting it stops waiting (its
 /// [`with_timeout`](Offload::with_timeout) passes or its future is dropped)
@@ -166,7 +166,8 @@ where
     /// [`submit`](Self::submit), with the caller's wait counted from `began`.
     async fn submit_from(self, began: Instant) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
-        let _counted = RoomWaiter::new(&inner);
+        // Counted so that freed slots signal it (pool.rs `free_room`).
+        let _counted = Waiting::new(&inner, |s| &mut s.room_waiters);
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -213,23 +214,6 @@ where
             handle.set_wait_limit(began, limit);
         }
         Ok(handle)
-    }
-}
-
-/// Counts a caller waiting for room for as long as it waits, so that freed
-/// slots signal it (pool.rs `free_room`).
-struct RoomWaiter<'a>(&'a Inner);
-
-impl<'a> RoomWaiter<'a> {
-    fn new(inner: &'a Inner) -> Self {
-        lock(&inner.shared).room_waiters += 1;
-        RoomWaiter(inner)
-    }
-}
-
-impl Drop for RoomWaiter<'_> {
-    fn drop(&mut self) {
-        lock(&self.0.shared).room_waiters -= 1;
     }
 }
 

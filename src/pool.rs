@@ -46,7 +46,7 @@ use crate::metrics::Metrics;
 use crate::observer::{deliver, EventKind, EventQueue, Observer, ObserverSlot};
 use crate::offload::{AbandonPolicy, Offload};
 use crate::stop::StopToken;
-use crate::sync::{lock, thread, Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::{lock, park_timeout, thread, Arc, Condvar, Mutex, MutexGuard};
 
 /// Largest queue capacity: tokio's semaphore limit, well beyond any sane
 /// configuration.
@@ -782,7 +782,7 @@ impl Inner {
             s.idle.push((me, thread::current()));
             loop {
                 drop(s);
-                park(self.config.keep_alive.saturating_sub(parked_at.elapsed()));
+                park_timeout(self.config.keep_alive.saturating_sub(parked_at.elapsed()));
                 s = lock(&self.shared);
                 if !s.idle.iter().any(|(id, _)| *id == me) {
                     // Claimed: the claimer counted this worker as searching.
@@ -917,15 +917,25 @@ const CALLER_SPIN_BUDGET: Duration = Duration::from_micros(20);
 /// How long a worker spins (then yields) before it parks.
 const SPIN_BUDGET: Duration = Duration::from_micros(50);
 
-#[cfg(not(loom))]
-fn park(timeout: Duration) {
-    std::thread::park_timeout(timeout);
+/// Counts one waiter in a `Shared` counter for as long as it exists, so
+/// that the transitions it waits for signal it; a dropped wait (a future
+/// cancelled mid-await) unregisters.
+pub(crate) struct Waiting<'a> {
+    inner: &'a Inner,
+    count: fn(&mut Shared) -> &mut usize,
 }
 
-#[cfg(loom)]
-fn park(_timeout: Duration) {
-    // loom has no timed park: workers in models never retire by keep-alive.
-    loom::thread::park();
+impl<'a> Waiting<'a> {
+    pub(crate) fn new(inner: &'a Inner, count: fn(&mut Shared) -> &mut usize) -> Self {
+        *count(&mut lock(&inner.shared)) += 1;
+        Waiting { inner, count }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        *(self.count)(&mut lock(&self.inner.shared)) -= 1;
+    }
 }
 
 /// Removes the queued job `id`, if present.

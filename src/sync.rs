@@ -25,6 +25,20 @@ pub(crate) use std::thread;
 /// counts are not what the models check; the states behind them are.
 pub(crate) use std::sync::Arc;
 
+/// Parks the current thread for at most `timeout`.
+#[cfg(not(loom))]
+pub(crate) fn park_timeout(timeout: std::time::Duration) {
+    std::thread::park_timeout(timeout);
+}
+
+/// loom has no timed park: a timed wait in a model is an untimed one (so
+/// workers in models never retire by keep-alive, and models use no timed
+/// waits that must expire).
+#[cfg(loom)]
+pub(crate) fn park_timeout(_timeout: std::time::Duration) {
+    loom::thread::park();
+}
+
 /// Locks `m`, recovering the guard if a previous holder panicked.
 ///
 /// No code of ours panics while holding one of these locks (user code is

@@ -394,9 +394,26 @@ async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
     // First poll under a waker nobody listens to.
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     assert!(std::future::Future::poll(std::pin::Pin::new(&mut job), &mut cx).is_pending());
-    // Then await it in a task: only this task's waker can finish it.
-    let waiter = tokio::spawn(job);
-    tokio::task::yield_now().await;
+    // Then await it in a task: only this task's waker can finish it. The
+    // task says when its first poll has registered its waker, and only then
+    // is the function released.
+    let (polled_tx, polled) = tokio::sync::oneshot::channel::<()>();
+    let waiter = tokio::spawn(async move {
+        let mut polled_tx = Some(polled_tx);
+        std::future::poll_fn(|cx| {
+            let poll = std::future::Future::poll(std::pin::Pin::new(&mut job), cx);
+            if poll.is_pending() {
+                if let Some(tx) = polled_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+            poll
+        })
+        .await
+    });
+    common::within("the task's first poll", polled)
+        .await
+        .expect("task alive");
     open.open();
     assert_eq!(
         common::within("the second waker", waiter)

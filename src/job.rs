@@ -516,10 +516,6 @@ impl Wake for ThreadWaker {
     fn wake(self: std::sync::Arc<Self>) {
         self.0.unpark();
     }
-
-    fn wake_by_ref(self: &std::sync::Arc<Self>) {
-        self.0.unpark();
-    }
 }
 
 /// The message of a caught panic, if its payload is a string.

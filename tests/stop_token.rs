@@ -410,3 +410,26 @@ async fn deadline_is_visible_inside_the_function() {
     .unwrap();
     assert_eq!(remaining, Some(Duration::ZERO));
 }
+
+/// Each registration is its own: dropping one guard unregisters exactly its
+/// callback, whichever order the guards go in.
+#[test]
+fn dropping_one_guard_unregisters_only_its_own_callback() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let stop = offloader::StopToken::new();
+    let first = std::sync::Arc::new(AtomicUsize::new(0));
+    let second = std::sync::Arc::new(AtomicUsize::new(0));
+    let (f, s) = (first.clone(), second.clone());
+    let keep = stop.on_stop(move || {
+        f.fetch_add(1, Ordering::SeqCst);
+    });
+    let gone = stop.on_stop(move || {
+        s.fetch_add(1, Ordering::SeqCst);
+    });
+    drop(gone);
+    assert!(keep.is_registered());
+    stop.request_stop();
+    assert_eq!(first.load(Ordering::SeqCst), 1);
+    assert_eq!(second.load(Ordering::SeqCst), 0);
+    drop(keep);
+}

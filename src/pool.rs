@@ -894,15 +894,16 @@ impl Inner {
     }
 }
 
-/// Logs a finished job, outside the lock.
+/// Logs a finished job, outside the lock; called inside the job's span,
+/// which the worker has entered.
 fn log_finished(core: &JobCore, panicked: bool, ran: Duration) {
     if panicked {
-        tracing::warn!(parent: &core.span(), ran = ?ran, "panicked; the panic was caught and the permit released");
+        tracing::warn!(ran = ?ran, "panicked; the panic was caught and the permit released");
     } else {
-        tracing::debug!(parent: &core.span(), ran = ?ran, "completed");
+        tracing::debug!(ran = ?ran, "completed");
     }
     if core.caller_left() {
-        tracing::debug!(parent: &core.span(), ran = ?ran, "finished after its caller stopped waiting");
+        tracing::debug!(ran = ?ran, "finished after its caller stopped waiting");
     }
 }
 

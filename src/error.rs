@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::job::{JobId, JobState};
+use crate::id::{JobId, JobState};
 
 /// What went wrong for one offloaded job, from its caller's or owner's side.
 ///
@@ -96,6 +96,33 @@ impl Error {
         matches!(self, Error::Rejected(_))
     }
 
+    /// The same error again, for the next wait on a job whose outcome is an
+    /// error: errors are repeatable, only a value is taken once.
+    pub(crate) fn again(&self) -> Error {
+        match self {
+            Error::TimedOut {
+                id,
+                waited,
+                state,
+                fate,
+            } => Error::TimedOut {
+                id: *id,
+                waited: *waited,
+                state: *state,
+                fate: *fate,
+            },
+            Error::Cancelled { id } => Error::Cancelled { id: *id },
+            Error::Unstarted { id } => Error::Unstarted { id: *id },
+            Error::Panicked { id, message } => Error::Panicked {
+                id: *id,
+                message: message.clone(),
+            },
+            Error::Rejected(r) => Error::Rejected(r.again()),
+            Error::PolledAfterCompletion => Error::PolledAfterCompletion,
+            Error::OutcomeTaken { id } => Error::OutcomeTaken { id: *id },
+        }
+    }
+
     /// The job this error is about, if it was ever accepted.
     pub fn job_id(&self) -> Option<JobId> {
         match self {
@@ -181,6 +208,25 @@ pub enum Rejected {
     ThreadSpawn(#[source] std::io::Error),
 }
 
+impl Rejected {
+    /// The same refusal again (an I/O error is copied by kind and message).
+    pub(crate) fn again(&self) -> Rejected {
+        match self {
+            Rejected::Full { capacity } => Rejected::Full {
+                capacity: *capacity,
+            },
+            Rejected::FullUntilTimeout { capacity, waited } => Rejected::FullUntilTimeout {
+                capacity: *capacity,
+                waited: *waited,
+            },
+            Rejected::ShuttingDown => Rejected::ShuttingDown,
+            Rejected::ThreadSpawn(e) => {
+                Rejected::ThreadSpawn(std::io::Error::new(e.kind(), e.to_string()))
+            }
+        }
+    }
+}
+
 /// A job that was not accepted, with its function handed back unrun.
 ///
 /// Returned by [`Offload::spawn`](crate::Offload::spawn); converts into
@@ -249,6 +295,22 @@ pub enum BuildError {
     /// `max_in_flight` was zero.
     #[error("max_in_flight must be at least 1")]
     ZeroInFlight,
+    /// `max_in_flight` was larger than the supported maximum (one thread
+    /// per permit).
+    #[error("max_in_flight must be at most {max}, got {got}")]
+    TooManyInFlight {
+        /// The requested limit.
+        got: usize,
+        /// The largest supported limit.
+        max: usize,
+    },
+    /// The thread name contains a NUL byte, which no OS thread name can
+    /// hold.
+    #[error("thread_name must not contain a NUL byte, got {name:?}")]
+    ThreadName {
+        /// The refused name.
+        name: String,
+    },
     /// `queue_capacity` was zero or larger than the supported maximum.
     #[error("queue_capacity must be between 1 and {max}, got {got}")]
     QueueCapacity {

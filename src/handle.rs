@@ -7,9 +7,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Fate};
-use crate::job::{JobId, JobState, Outcome};
-use crate::offload::AbandonPolicy;
-use crate::pool::{Departure, Inner};
+use crate::id::{JobId, JobState};
+use crate::job::Outcome;
+use crate::policy::{AbandonPolicy, Departure};
+use crate::pool::Inner;
 use crate::sync::Arc;
 
 /// The owner handle of an accepted job: a future of its outcome that can also

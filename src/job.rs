@@ -34,106 +34,19 @@
 //! deadline, stop callbacks) live behind thin pointers allocated only when
 //! used. `tests/layout.rs` pins the size.
 
-use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::AtomicU64;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::id::{
+    now_ns, JobId, JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED,
+};
+use crate::quiet::{drop_quietly, panic_message, wake_quietly};
+use crate::slab::Key;
 use crate::stop::{StopExt, StopSource, StopToken};
 use crate::sync::{lock, park_timeout, thread, Arc, AtomicBool, AtomicU8, Mutex, Ordering};
-
-/// A job's identity: unique within one process, increasing in order of
-/// submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct JobId(pub(crate) u64);
-
-impl JobId {
-    /// The id as a number.
-    pub fn as_u64(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
-
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum JobState {
-    /// Accepted, waiting in the queue for a permit; the function has not
-    /// started.
-    Queued,
-    /// The function is running and holds a permit.
-    Running,
-    /// The function returned a value.
-    Completed,
-    /// The function panicked; the panic was caught.
-    Panicked,
-    /// Cancelled while queued; the function never ran.
-    Cancelled,
-    /// Removed from the queue by an immediate shutdown; the function never
-    /// ran.
-    Unstarted,
-}
-
-impl JobState {
-    /// `true` for the four terminal states.
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, JobState::Queued | JobState::Running)
-    }
-
-    fn from_u8(v: u8) -> JobState {
-        match v {
-            QUEUED => JobState::Queued,
-            RUNNING => JobState::Running,
-            COMPLETED => JobState::Completed,
-            PANICKED => JobState::Panicked,
-            CANCELLED => JobState::Cancelled,
-            _ => JobState::Unstarted,
-        }
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            JobState::Queued => "queued (not started)",
-            JobState::Running => "running",
-            JobState::Completed => "completed",
-            JobState::Panicked => "panicked",
-            JobState::Cancelled => "cancelled before start",
-            JobState::Unstarted => "returned unstarted at shutdown",
-        })
-    }
-}
-
-/// Accepted, waiting for a permit.
-pub(crate) const QUEUED: u8 = 0;
-/// The function runs and holds a permit.
-pub(crate) const RUNNING: u8 = 1;
-/// Terminal: the function returned.
-pub(crate) const COMPLETED: u8 = 2;
-/// Terminal: the function panicked.
-pub(crate) const PANICKED: u8 = 3;
-/// Terminal: cancelled while queued.
-pub(crate) const CANCELLED: u8 = 4;
-/// Terminal: handed back unstarted by an immediate shutdown.
-pub(crate) const UNSTARTED: u8 = 5;
-
-/// Nanoseconds since a process-wide epoch: 8 bytes where an `Instant`
-/// takes 16.
-pub(crate) fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// Rarely used parts of a job, allocated only when one is set.
 struct Extras {
@@ -144,6 +57,7 @@ struct Extras {
 /// Flag bits in [`JobCore::flags`].
 const CALLER_LEFT: u8 = 1;
 const CALLER_WAITING: u8 = 2;
+const STUCK_REPORTED: u8 = 4;
 
 /// What every job has, whatever its function and result types.
 pub(crate) struct JobCore {
@@ -152,6 +66,9 @@ pub(crate) struct JobCore {
     /// started (see [`now_ns`]).
     time: AtomicU64,
     extras: Option<Box<Extras>>,
+    /// The job's key in the pool's slab while it is queued or running
+    /// (state.rs S5). Read and written only under the pool lock.
+    key: AtomicU32,
     state: AtomicU8,
     flags: AtomicU8,
     stopped: AtomicBool,
@@ -169,10 +86,27 @@ impl JobCore {
             id,
             time: AtomicU64::new(now_ns()),
             extras,
+            key: AtomicU32::new(0),
             state: AtomicU8::new(QUEUED),
             flags: AtomicU8::new(0),
             stopped: AtomicBool::new(false),
         }
+    }
+
+    /// Records the job's slab key (under the pool lock).
+    pub(crate) fn set_key(&self, key: Key) {
+        // ORDERING: written and read under the pool lock only.
+        self.key.store(key, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The job's slab key (under the pool lock).
+    pub(crate) fn key(&self) -> Key {
+        self.key.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The raw state word.
+    fn state_word(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
     }
 
     pub(crate) fn state(&self) -> JobState {
@@ -249,6 +183,11 @@ impl JobCore {
     pub(crate) fn caller_waiting(&self) -> bool {
         self.flags.load(Ordering::Acquire) & CALLER_WAITING != 0
     }
+
+    /// Marks the job reported as stuck; `true` the first time.
+    pub(crate) fn mark_stuck_reported(&self) -> bool {
+        self.flags.fetch_or(STUCK_REPORTED, Ordering::AcqRel) & STUCK_REPORTED == 0
+    }
 }
 
 /// The type-erased face of a job that the queue and the workers see. A job
@@ -283,6 +222,17 @@ pub(crate) struct Job<F, T> {
 
 /// The function, then the outcome; the waiter's waker and the stop
 /// callbacks live in the states that need them, so that they share space.
+///
+/// The state word (`JobCore::state`) is the job's state; the cell follows
+/// it, and this table ties the two (checked by `debug_assert!` after every
+/// change of the cell, see `cell_matches`):
+///
+/// | cell        | state word                                                        |
+/// |-------------|-------------------------------------------------------------------|
+/// | `Queued`    | `Queued`; or the winner of the swap out of `Queued` (`Running`, `Cancelled`, `Unstarted`) before it took the function |
+/// | `Running`   | `Running`; or `Completed`/`Panicked` before the outcome is published |
+/// | `Published` | terminal                                                          |
+/// | `Taken`     | terminal                                                          |
 enum Cell<F, T> {
     Queued {
         func: F,
@@ -303,6 +253,17 @@ enum Cell<F, T> {
     Taken {
         stop_ext: Option<Arc<StopExt>>,
     },
+}
+
+/// Whether `cell` may go with the state word `word` (the table above).
+fn cell_matches<F, T>(cell: &Cell<F, T>, word: u8) -> bool {
+    match cell {
+        Cell::Queued { .. } => true,
+        Cell::Running { .. } => matches!(word, RUNNING | COMPLETED | PANICKED),
+        Cell::Published { .. } | Cell::Taken { .. } => {
+            matches!(word, COMPLETED | PANICKED | CANCELLED | UNSTARTED)
+        }
+    }
 }
 
 impl<F, T> Cell<F, T> {
@@ -335,6 +296,20 @@ where
         }
     }
 
+    /// Takes the function back out of a job the pool refused (it never
+    /// reached the queue, so its state word still reads `Queued`).
+    pub(crate) fn take_refused(&self) -> Option<F> {
+        debug_assert_eq!(self.core.state_word(), QUEUED);
+        let mut cell = lock(&self.cell);
+        match std::mem::replace(&mut *cell, Cell::Taken { stop_ext: None }) {
+            Cell::Queued { func, .. } => Some(func),
+            other => {
+                *cell = other;
+                None
+            }
+        }
+    }
+
     /// Takes the function out of its cell (inv. 2), leaving `Running`.
     pub(crate) fn take_func(&self) -> Option<F> {
         let mut cell = lock(&self.cell);
@@ -344,6 +319,7 @@ where
                     waker,
                     stop_ext: None,
                 };
+                debug_assert!(cell_matches(&cell, self.core.state_word()));
                 Some(func)
             }
             other => {
@@ -358,6 +334,7 @@ where
         let mut cell = lock(&self.cell);
         let stop_ext = cell.stop_ext().and_then(Option::take);
         let previous = std::mem::replace(&mut *cell, Cell::Published { outcome, stop_ext });
+        debug_assert!(cell_matches(&cell, self.core.state_word()));
         drop(cell);
         // Woken outside the lock; inv. 3 only needs the publish under it.
         let waker = match previous {
@@ -365,21 +342,30 @@ where
             Cell::Published { .. } | Cell::Taken { .. } => None,
         };
         if let Some(w) = waker {
-            w.wake();
+            // Foreign code: a panicking waker must not kill the worker.
+            wake_quietly(w);
         }
     }
 
-    /// Takes a published outcome; `None` if not published yet.
+    /// Takes a published outcome; `None` if not published yet. A value is
+    /// taken once (later waits get [`Error::OutcomeTaken`]); an error stays
+    /// and every later wait gets it again.
     fn take_published(&self, cell: &mut Cell<F, T>) -> Option<Result<T, Error>> {
+        match cell {
+            Cell::Published {
+                outcome: Err(e), ..
+            } => return Some(Err(e.again())),
+            Cell::Taken { .. } => return Some(Err(Error::OutcomeTaken { id: self.core.id })),
+            Cell::Queued { .. } | Cell::Running { .. } => return None,
+            Cell::Published { outcome: Ok(_), .. } => {}
+        }
         match std::mem::replace(cell, Cell::Taken { stop_ext: None }) {
             Cell::Published { outcome, stop_ext } => {
                 *cell = Cell::Taken { stop_ext };
+                debug_assert!(cell_matches(cell, self.core.state_word()));
                 Some(outcome.map_err(|e| *e))
             }
-            taken @ Cell::Taken { .. } => {
-                *cell = taken;
-                Some(Err(Error::OutcomeTaken { id: self.core.id }))
-            }
+            // Matched above.
             other => {
                 *cell = other;
                 None
@@ -448,9 +434,23 @@ where
     }
 
     fn discard(&self, error: Error) {
-        // The function is user code: dropped here, outside every pool lock.
-        drop_quietly(self.take_func());
-        self.publish(Err(Box::new(error)));
+        let mut cell = lock(&self.cell);
+        let previous = std::mem::replace(
+            &mut *cell,
+            Cell::Published {
+                outcome: Err(Box::new(error)),
+                stop_ext: None,
+            },
+        );
+        debug_assert!(cell_matches(&cell, self.core.state_word()));
+        drop(cell);
+        // The function is user code: dropped here, outside every lock.
+        if let Cell::Queued { func, waker } = previous {
+            drop_quietly(func);
+            if let Some(w) = waker {
+                wake_quietly(w);
+            }
+        }
     }
 }
 
@@ -518,17 +518,6 @@ impl Wake for ThreadWaker {
     }
 }
 
-/// The message of a caught panic, if its payload is a string.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "<non-string panic payload>".to_owned()
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -544,14 +533,5 @@ mod tests {
             bytes <= 88,
             "a no-op job takes {bytes} bytes with its Arc counts"
         );
-    }
-}
-
-/// Drops user-owned `value`; a panic from its `Drop` is caught and logged
-/// (its own payload leaked rather than dropped).
-pub(crate) fn drop_quietly<V>(value: V) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
-        tracing::warn!("a user value panicked while being dropped; the panic was caught");
-        std::mem::forget(payload);
     }
 }

@@ -404,30 +404,44 @@
     rust_2018_idioms
 )]
 
-mod error;
-mod handle;
-mod job;
-mod lifecycle;
-mod metrics;
-mod observer;
-mod offload;
-mod pool;
-mod stop;
+// Leaves first: each module imports only from those above it.
+mod id;
+mod policy;
+mod quiet;
+mod slab;
 mod sync;
+
+mod error;
+mod metrics;
+mod stop;
+
+mod job;
+mod observer;
+mod report;
+
+mod state;
+
+mod config;
+mod pool;
+mod worker;
+
+mod handle;
+mod offload;
+mod shutdown;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use config::{Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_QUEUE_CAPACITY};
 pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
 pub use handle::JobHandle;
-pub use job::{JobId, JobState};
-pub use lifecycle::{CloseReport, RunningJob, UnstartedJob};
+pub use id::{JobId, JobState};
 pub use metrics::Metrics;
 pub use observer::{EventKind, JobEvent, Observer};
-pub use offload::{AbandonPolicy, Offload, OffloadFuture};
-pub use pool::{
-    Builder, Offloader, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_QUEUE_CAPACITY,
-};
+pub use offload::{Offload, OffloadFuture};
+pub use policy::AbandonPolicy;
+pub use pool::Offloader;
+pub use report::{CloseReport, RunningJob, UnstartedJob};
 pub use stop::{StopCallback, StopToken, Stopped};
 
 /// Prepares `f` to run on the process-wide default [`Offloader`], built on

@@ -421,7 +421,7 @@ fn abandon_cancel_and_stop_vs_start() {
             thread::spawn(move || {
                 job.abandon(
                     crate::AbandonPolicy::CancelAndStop,
-                    crate::pool::Departure::Dropped,
+                    crate::policy::Departure::Dropped,
                 )
             })
         };

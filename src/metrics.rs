@@ -26,6 +26,10 @@ pub struct Metrics {
     pub rejected_shutdown: u64,
     /// Jobs refused because no worker thread could be spawned.
     pub rejected_spawn: u64,
+    /// Worker threads the OS refused to spawn while a job was accepted
+    /// anyway, because a worker already existed to run it later (the job
+    /// waited for a busy worker instead of being refused).
+    pub spawn_failures: u64,
     /// Accepted jobs waiting in the queue now.
     pub queued: u64,
     /// Functions running now (permits held).

@@ -18,7 +18,8 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Instant, SystemTime};
 
-use crate::job::{JobCore, JobId, JobState};
+use crate::id::{JobId, JobState};
+use crate::job::JobCore;
 
 /// Receives every job's lifecycle transitions.
 ///
@@ -151,7 +152,7 @@ impl EventQueue {
 pub(crate) fn deliver(observer: &dyn Observer, batch: &VecDeque<JobEvent>) {
     for event in batch {
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| observer.on_event(event))) {
-            crate::job::drop_quietly(payload);
+            crate::quiet::drop_quietly(payload);
             tracing::warn!(id = event.id.0, kind = ?event.kind, "the lifecycle observer panicked; the panic was caught and delivery goes on");
         }
     }

@@ -11,33 +11,11 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Rejected, SubmitError};
 use crate::handle::JobHandle;
 use crate::job::{Job, JobCore};
-use crate::pool::Waiting;
-use crate::pool::{Departure, Offloader};
+use crate::policy::{AbandonPolicy, Departure};
+use crate::pool::{Offloader, Waiting};
+use crate::state::Waiters;
 use crate::stop::StopToken;
 use crate::sync::Arc;
-
-/// What happens to a job when the caller awaiting it stops waiting (its
-/// [`with_timeout`](Offload::with_timeout) passes or its future is dropped)
-/// before the job finished.
-///
-/// Waiting is not owning: whatever the policy, the permit stays held until
-/// the function really returns. Set on the
-/// [`Builder`](crate::Builder::abandon_policy), overridable per call with
-/// [`Offload::on_abandon`]. Applies to a directly awaited offload; an owner
-/// [`JobHandle`] that is dropped always detaches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum AbandonPolicy {
-    /// The job goes on: a queued job still runs, a running one runs to
-    /// completion; its outcome is recorded in the metrics.
-    #[default]
-    Keep,
-    /// A queued job is cancelled and never runs; a running one goes on.
-    CancelIfQueued,
-    /// A queued job is cancelled; a running one gets its stop token set
-    /// (and keeps its permit until the function returns).
-    CancelAndStop,
-}
 
 /// One blocking function on its way into an [`Offloader`]: set a name, a
 /// timeout, a deadline or an abandon policy, then either `.await` it or
@@ -166,12 +144,12 @@ where
     /// [`submit`](Self::submit), with the caller's wait counted from `began`.
     async fn submit_from(self, began: Instant) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
-        // Counted so that freed slots signal it (pool.rs `free_room`).
-        let _counted = Waiting::new(&inner, |s| &mut s.room_waiters);
+        // Counted so that freed slots signal it (state.rs `room_freed`).
+        let _counted = Waiting::new(&inner, Waiters::Room);
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
-            // wakes this wait (pool.rs `free_room`).
+            // wakes this wait (state.rs `room_freed`).
             let mut freed = pin!(inner.room_freed.notified());
             freed.as_mut().enable();
             match this.try_accept(began) {
@@ -375,7 +353,7 @@ where
                         return Poll::Ready(outcome);
                     }
                     if !std::mem::replace(this.spun, true)
-                        && handle.spin_until_finished(this.pool.inner().caller_spin())
+                        && handle.spin_until_finished(crate::worker::caller_spin(this.pool.inner()))
                     {
                         continue;
                     }

@@ -363,7 +363,7 @@ impl StopToken {
 
 fn run_callback(callback: Callback) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(callback)) {
-        crate::job::drop_quietly(payload);
+        crate::quiet::drop_quietly(payload);
         tracing::warn!(
             "a stop callback panicked; the panic was caught and the other callbacks still ran"
         );

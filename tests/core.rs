@@ -865,28 +865,38 @@ async fn thread_spawn_failure_hands_the_closure_back_and_does_not_poison() {
     assert_ledger(&m);
 }
 
+/// A failed spawn refuses a job only when no worker exists to run it: with
+/// a busy worker the job is queued for it, and the failure is counted in
+/// `spawn_failures` (issue 10, item 15).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thread_spawn_failure_loses_no_accepted_job() {
+async fn thread_spawn_failure_queues_the_job_for_a_busy_worker() {
     let pool = Offloader::builder()
         .max_in_flight(2)
         .build()
         .expect("valid");
     let (mut g, a) = occupy(&pool).await;
     pool.__fail_next_thread_spawns(1);
-    let err = pool
+    let b = pool
         .offload(|_stop| "b")
         .spawn()
-        .expect_err("a second worker is needed and cannot be spawned");
-    assert!(matches!(err.reason(), Rejected::ThreadSpawn(_)));
+        .expect("a busy worker exists: the job waits for it");
     let m = pool.metrics();
     assert_eq!(
-        (m.accepted, m.running, m.rejected_spawn),
-        (1, 1, 1),
+        (
+            m.accepted,
+            m.running,
+            m.queued,
+            m.rejected_spawn,
+            m.spawn_failures,
+            m.workers
+        ),
+        (2, 1, 1, 0, 1, 1),
         "{m:?}"
     );
     assert_ledger(&m);
+    assert_eq!(b.state(), offloader::JobState::Queued);
 
-    // Awaiting form: the same refusal as an Error.
+    // Awaiting form on a pool with no worker: refused, as an Error.
     let other = Offloader::builder().build().expect("valid");
     other.__fail_next_thread_spawns(1);
     let e = within("awaited refusal", other.offload(|_stop| 0))
@@ -904,18 +914,17 @@ async fn thread_spawn_failure_loses_no_accepted_job() {
             .unwrap(),
         5
     );
+    let m = other.metrics();
+    assert_eq!((m.rejected_spawn, m.spawn_failures), (1, 1), "{m:?}");
 
+    // The busy worker comes back for the queued job.
     g.open();
     within("accepted job a", a).await.expect("a completes");
-    let b = pool
-        .offload(err.into_inner())
-        .spawn()
-        .expect("accepted now");
     assert_eq!(within("b", b).await.unwrap(), "b");
     let m = pool.metrics();
     assert_eq!(
         (m.accepted, m.completed, m.rejected_spawn, m.running),
-        (2, 2, 1, 0),
+        (2, 2, 0, 0),
         "{m:?}"
     );
     assert_ledger(&m);

@@ -523,7 +523,8 @@ impl Model {
 
     /// `JobHandle::stop`.
     fn stop(&mut self, j: usize) -> bool {
-        if self.jobs[j].stop {
+        // A finished job has nothing to stop: false, and nothing counted.
+        if self.jobs[j].stop || self.jobs[j].st.terminal() {
             return false;
         }
         self.jobs[j].stop = true;
@@ -917,7 +918,9 @@ impl Harness {
                 e.job_id()
             );
         }
-        if taken {
+        // A value is taken once; an error outcome is returned again by
+        // every later wait.
+        if taken && matches!(self.model.jobs[tag].st, St::Completed(_)) {
             ensure!(
                 self,
                 matches!(got, Err(Error::OutcomeTaken { .. })) && text.contains("already taken"),

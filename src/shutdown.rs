@@ -17,115 +17,29 @@
 //!
 //! # Invariants
 //!
-//! 1. "Idle" is `queue` and `running` empty and every observer event
-//!    delivered, read under the pool lock; "terminated" is idle plus shut
-//!    down plus no live pool thread. Neither is ever inferred from the queue
-//!    alone.
-//! 2. Every change that can make either true happens under the pool lock and
-//!    is followed, under the same lock, by [`Inner::signal_if_settled`].
-//!    Blocking waiters test the condition under the lock before waiting on
-//!    the condvar; async waiters enable their `Notified` before testing it.
-//!    So no waiter misses the change.
+//! 1. "Idle" is `queue` and `running` empty, every outcome published and
+//!    every observer event delivered, read under the pool lock;
+//!    "terminated" is idle plus shut down plus every pool thread retired
+//!    *and joined*. Neither is ever inferred from the queue alone.
+//! 2. Every change that can make either true happens under the pool lock,
+//!    whose transition then asks (`After::settled`) for the waiters to be
+//!    signalled after unlocking. Blocking waiters test the condition under
+//!    the lock before waiting on the condvar; async waiters enable their
+//!    `Notified` before testing it. So no waiter misses the change.
 //! 3. `shutdown_now` moves every queued job to `Unstarted` in one critical
 //!    section with setting `shutdown`, so no job can be accepted, or start,
 //!    after the list it returns was taken.
 
-use std::fmt;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Pretty};
-use crate::job::{JobId, QUEUED, UNSTARTED};
-use crate::observer::EventKind;
-use crate::pool::{Inner, Offloader, Shared, Waiting};
-use crate::sync::{lock, Arc};
-
-/// A job that an immediate shutdown removed from the queue; its function
-/// never ran. Its owner handle resolves to [`Error::Unstarted`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UnstartedJob {
-    /// The job's id.
-    pub id: JobId,
-    /// The job's name, if it had one.
-    pub name: Option<std::sync::Arc<str>>,
-    /// How long it had waited in the queue.
-    pub queued_for: Duration,
-}
-
-/// A job whose function is running now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RunningJob {
-    /// The job's id.
-    pub id: JobId,
-    /// The job's name, if it had one.
-    pub name: Option<std::sync::Arc<str>>,
-    /// How long the function has been running.
-    pub running_for: Duration,
-    /// Whether stop has been requested through its token.
-    pub stop_requested: bool,
-    /// Whether a caller's future or an owner handle for it still exists
-    /// (somebody may still collect the outcome).
-    pub caller_waiting: bool,
-    /// Whether an awaiting caller stopped waiting (timed out or dropped its
-    /// future) while the job was unfinished: the job outlives its caller.
-    pub caller_left: bool,
-}
-
-/// What a staged [`Offloader::close`] did and left behind. Data, not only a
-/// log line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CloseReport {
-    /// Jobs whose function returned during the close.
-    pub completed: u64,
-    /// Jobs whose function panicked during the close.
-    pub panicked: u64,
-    /// Jobs handed back unstarted by the immediate stage (empty if the
-    /// graceful stage sufficed).
-    pub unstarted: Vec<UnstartedJob>,
-    /// Jobs still running when the close gave up: their functions ignored
-    /// the stop request for the whole second budget, and still hold their
-    /// permits.
-    pub still_running: Vec<RunningJob>,
-    /// Whether the immediate stage was needed.
-    pub escalated: bool,
-    /// Whether the pool terminated within the budgets.
-    pub terminated: bool,
-    /// How long the close took.
-    pub took: Duration,
-}
-
-impl fmt::Display for CloseReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "close {} after {}: {} completed, {} panicked, {} returned unstarted, {} still running",
-            if self.terminated {
-                "terminated"
-            } else {
-                "gave up"
-            },
-            Pretty(self.took),
-            self.completed,
-            self.panicked,
-            self.unstarted.len(),
-            self.still_running.len()
-        )?;
-        for job in &self.still_running {
-            write!(
-                f,
-                "\n  still running: job {} {:?} for {}, stop requested: {}",
-                job.id,
-                job.name.as_deref().unwrap_or(""),
-                Pretty(job.running_for),
-                job.stop_requested
-            )?;
-        }
-        Ok(())
-    }
-}
+use crate::error::Error;
+use crate::pool::{Inner, Offloader, Waiting};
+use crate::quiet::drop_quietly;
+use crate::report::{CloseReport, RunningJob, UnstartedJob};
+use crate::slab::Key;
+use crate::state::{After, Drained, State, Waiters};
+use crate::sync::Arc;
 
 impl Offloader {
     /// Starts a graceful shutdown and returns at once.
@@ -184,31 +98,20 @@ impl Offloader {
     pub fn shutdown_now(&self) -> Vec<UnstartedJob> {
         let inner = self.inner();
         inner.shutdown();
-        let mut s = lock(&inner.shared);
+        let mut after = After::default();
         // Inv. 3: `shutdown` is set, so nothing joins the queue after this.
-        let drained: Vec<_> = s.queue.drain(..).collect();
-        for task in &drained {
-            let won = task.core().transition(QUEUED, UNSTARTED);
-            debug_assert!(won, "a queued job is in state Queued");
-            s.counts.unstarted += 1;
-            s.unpublished += 1;
-            if inner.config.observer.is_some() {
-                s.events.push(task.core(), EventKind::NeverStarted);
-            }
-        }
-        let running = s.running.clone();
-        inner.signal_if_settled(&s);
-        drop(s);
+        let Drained {
+            unstarted: drained,
+            running,
+        } = inner.lock().drain_unstarted(&mut after);
+        inner.after(after);
         let unstarted = drained
             .into_iter()
             .map(|task| {
                 let core = task.core();
-                let job = UnstartedJob {
-                    id: core.id,
-                    name: core.name().cloned(),
-                    queued_for: core.clock(),
-                };
+                let job = UnstartedJob::of(core);
                 task.discard(Error::Unstarted { id: core.id });
+                drop_quietly(task);
                 job
             })
             .collect::<Vec<_>>();
@@ -216,10 +119,9 @@ impl Offloader {
         for task in &running {
             inner.stop(&**task);
         }
-        inner.flush_events();
+        drop_quietly(running);
         tracing::debug!(
             unstarted = unstarted.len(),
-            running = running.len(),
             "immediate shutdown: queued jobs returned, running jobs asked to stop"
         );
         unstarted
@@ -228,19 +130,30 @@ impl Offloader {
     /// `true` once a shutdown has begun (no new jobs are accepted). Not the
     /// same as finished: see [`is_terminated`](Self::is_terminated).
     pub fn is_shutdown(&self) -> bool {
-        lock(&self.inner().shared).shutdown
+        self.inner().lock().is_shutdown()
     }
 
     /// `true` once shutdown has begun, every accepted job is terminal, every
     /// observer event has been delivered and every pool thread has exited.
     pub fn is_terminated(&self) -> bool {
-        lock(&self.inner().shared).is_terminated()
+        let inner = self.inner();
+        let exited = {
+            let mut s = inner.lock();
+            if s.is_terminated() || !s.threads_retired() {
+                return s.is_terminated();
+            }
+            s.take_exited()
+        };
+        // Every thread has retired; joining the last ones waits at most
+        // for their thread-local destructors.
+        inner.join(exited);
+        inner.lock().is_terminated()
     }
 
     /// `true` if every accepted job is terminal right now (nothing queued,
     /// nothing running).
     pub fn is_idle(&self) -> bool {
-        lock(&self.inner().shared).is_idle()
+        self.inner().lock().is_idle()
     }
 
     /// Waits until every accepted job is terminal: nothing queued *and*
@@ -259,14 +172,14 @@ impl Offloader {
     /// # Ok(()) }
     /// ```
     pub async fn idle(&self) {
-        wait(self.inner(), Shared::is_idle).await;
+        wait(self.inner(), State::is_idle).await;
     }
 
     /// Waits until the pool has terminated: shut down, every accepted job
     /// terminal, every pool thread exited. Never returns if nothing shuts
     /// the pool down.
     pub async fn terminated(&self) {
-        wait(self.inner(), Shared::is_terminated).await;
+        wait(self.inner(), State::is_terminated).await;
     }
 
     /// Waits at most `limit` for termination; returns whether the pool
@@ -284,7 +197,7 @@ impl Offloader {
     /// synchronous callers; do not call it on an async runtime's thread.
     pub fn blocking_await_termination(&self, limit: Option<Duration>) -> bool {
         let until = limit.and_then(|l| Instant::now().checked_add(l));
-        blocking_wait(self.inner(), Shared::is_terminated, until)
+        blocking_wait(self.inner(), State::is_terminated, until)
     }
 
     /// Closes the pool in stages, in one call: a graceful shutdown, waiting
@@ -317,8 +230,8 @@ impl Offloader {
         }
         // One snapshot: a job finishing now is in exactly one of the two.
         let (after, still_running) = {
-            let s = lock(&self.inner().shared);
-            (s.snapshot(), running_list(&s))
+            let s = self.inner().lock();
+            (s.snapshot(), s.running_jobs())
         };
         for job in &still_running {
             tracing::warn!(
@@ -347,61 +260,78 @@ impl Offloader {
     /// assert!(pool.running_jobs().is_empty());
     /// ```
     pub fn running_jobs(&self) -> Vec<RunningJob> {
-        running_list(&lock(&self.inner().shared))
+        self.inner().lock().running_jobs()
     }
 }
 
-/// The running jobs, read under the lock the caller holds.
-fn running_list(s: &Shared) -> Vec<RunningJob> {
-    s.running
-        .iter()
-        .map(|task| {
-            let core = task.core();
-            RunningJob {
-                id: core.id,
-                name: core.name().cloned(),
-                running_for: core.clock(),
-                stop_requested: core.is_stop_requested(),
-                caller_waiting: core.caller_waiting(),
-                caller_left: core.caller_left(),
-            }
-        })
-        .collect()
-}
-
-/// Waits until `settled` holds (inv. 2, async side).
-async fn wait(inner: &Arc<Inner>, settled: fn(&Shared) -> bool) {
-    // Counted so that transitions signal it (pool.rs `signal_if_settled`).
-    let _registered = Waiting::new(inner, |s| &mut s.settle_waiters);
+/// Waits until `settled` holds (inv. 2, async side). Retired threads that
+/// nobody joined yet are joined on the way, off the async thread.
+async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
+    // Counted so that transitions signal it (state.rs `settle_check`).
+    let _registered = Waiting::new(inner, Waiters::Settle);
     loop {
         let mut notified = pin!(inner.progress.notified());
         notified.as_mut().enable();
-        if settled(&lock(&inner.shared)) {
-            return;
+        let exited = {
+            let mut s = inner.lock();
+            if settled(&s) {
+                return;
+            }
+            if s.threads_retired() {
+                s.take_exited()
+            } else {
+                Vec::new()
+            }
+        };
+        if exited.is_empty() {
+            notified.await;
+        } else {
+            join_off_thread(inner, exited).await;
         }
-        notified.await;
     }
+}
+
+/// Joins retired threads without blocking an async thread: on tokio's
+/// blocking pool when a runtime is there, else inline.
+async fn join_off_thread(inner: &Arc<Inner>, exited: Vec<crate::sync::thread::JoinHandle<()>>) {
+    #[cfg(not(loom))]
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let pool = inner.clone();
+        let joined = rt.spawn_blocking(move || pool.join(exited));
+        // A join that could not finish (runtime shutting down) is retried
+        // by the next waiter: the handles are settled either way.
+        let _ = joined.await;
+        return;
+    }
+    inner.join(exited);
 }
 
 /// Blocks until `settled` holds or `until` passes (inv. 2, blocking side).
 pub(crate) fn blocking_wait(
     inner: &Inner,
-    settled: fn(&Shared) -> bool,
+    settled: fn(&State) -> bool,
     until: Option<Instant>,
 ) -> bool {
-    let mut s = lock(&inner.shared);
-    s.settle_waiters += 1;
+    let _registered = Waiting::new(inner, Waiters::Settle);
+    let mut s = inner.lock();
     loop {
         if settled(&s) {
-            s.settle_waiters -= 1;
             return true;
+        }
+        if s.threads_retired() {
+            let exited = s.take_exited();
+            if !exited.is_empty() {
+                drop(s);
+                inner.join(exited);
+                s = inner.lock();
+                continue;
+            }
         }
         let wait = match until {
             None => Duration::from_secs(3600),
             Some(until) => {
                 let now = Instant::now();
                 if now >= until {
-                    s.settle_waiters -= 1;
                     return false;
                 }
                 until - now
@@ -416,30 +346,24 @@ pub(crate) fn blocking_wait(
 
 impl Inner {
     /// The stuck-job monitor: reports each job running longer than
-    /// `stuck_after` once at `warn`; exits when the pool has terminated
-    /// (apart from itself).
-    pub(crate) fn monitor_loop(self: Arc<Self>) {
+    /// `stuck_after` once at `warn`; exits when the pool has shut down, is
+    /// idle and has no worker left.
+    pub(crate) fn monitor_loop(self: Arc<Self>, slot: Key) {
         let threshold = self.config.stuck_after.unwrap_or(Duration::MAX);
-        let tick = (threshold / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-        let mut reported: Vec<JobId> = Vec::new();
-        let mut s = lock(&self.shared);
+        let tick = monitor_tick(threshold);
         // Counted as a waiter so that the last worker's exit wakes it.
-        s.settle_waiters += 1;
-        while !(s.shutdown && s.is_idle() && s.workers == 0) {
-            reported.retain(|id| s.running.iter().any(|t| t.core().id == *id));
-            let stuck: Vec<_> = s
-                .running
-                .iter()
-                .filter_map(|task| {
-                    let core = task.core();
-                    let running_for = core.clock();
-                    (running_for > threshold && !reported.contains(&core.id))
-                        .then(|| (core.id, core.span(), running_for, core.is_stop_requested()))
-                })
-                .collect();
+        let registered = Waiting::new(&self, Waiters::Settle);
+        let mut s = self.lock();
+        while !s.workers_done() {
+            let mut stuck = Vec::new();
+            s.for_each_running(|core| {
+                let running_for = core.clock();
+                if running_for > threshold && core.mark_stuck_reported() {
+                    stuck.push((core.span(), running_for, core.is_stop_requested()));
+                }
+            });
             drop(s);
-            for (id, span, running_for, stop_requested) in stuck {
-                reported.push(id);
+            for (span, running_for, stop_requested) in stuck {
                 tracing::warn!(
                     parent: &span,
                     ?running_for,
@@ -447,14 +371,26 @@ impl Inner {
                     "job is stuck: it has run longer than the stuck_after threshold"
                 );
             }
-            s = lock(&self.shared);
+            s = self.lock();
+            if s.workers_done() {
+                break;
+            }
             s = match self.changed.wait_timeout(s, tick) {
                 Ok((g, _)) => g,
                 Err(poisoned) => poisoned.into_inner().0,
             };
         }
-        s.settle_waiters -= 1;
-        s.monitor = false;
-        self.signal_if_settled(&s);
+        drop(s);
+        drop(registered);
+        let mut after = After::default();
+        let earlier = self.lock().monitor_exit(slot, &mut after);
+        self.after(after);
+        self.join(earlier);
     }
+}
+
+/// How often the monitor looks: a quarter of the threshold, between 10 ms
+/// and 1 s.
+fn monitor_tick(threshold: Duration) -> Duration {
+    (threshold / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }

@@ -1,0 +1,185 @@
+//! Configuration: the [`Builder`], its defaults and its validation.
+
+use std::time::Duration;
+
+use crate::error::BuildError;
+use crate::observer::{Observer, ObserverSlot};
+use crate::policy::AbandonPolicy;
+use crate::pool::Offloader;
+
+/// Largest queue capacity (2^31 jobs): far beyond any sane configuration,
+/// and small enough that queued and running jobs are addressed by 32-bit
+/// slab keys (slab.rs).
+pub(crate) const MAX_QUEUE_CAPACITY: usize = 1 << 31;
+/// Largest `max_in_flight` (2^20): a thread per permit.
+pub(crate) const MAX_IN_FLIGHT: usize = 1 << 20;
+
+/// Default for [`Builder::max_in_flight`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+/// Default for [`Builder::queue_capacity`].
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+/// Default for [`Builder::keep_alive`].
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// Configures and builds an [`Offloader`].
+///
+/// ```
+/// use std::time::Duration;
+/// use offloader::{AbandonPolicy, Offloader};
+///
+/// let pool = Offloader::builder()
+///     .max_in_flight(8)
+///     .queue_capacity(1_000)
+///     .keep_alive(Duration::from_secs(30))
+///     .thread_name("sdk-io")
+///     .abandon_policy(AbandonPolicy::CancelIfQueued)
+///     .build()
+///     .expect("valid configuration");
+/// # drop(pool);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder {
+    config: Config,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) max_in_flight: usize,
+    pub(crate) queue_capacity: usize,
+    pub(crate) keep_alive: Duration,
+    pub(crate) thread_name: String,
+    pub(crate) stack_size: Option<usize>,
+    pub(crate) abandon: AbandonPolicy,
+    pub(crate) stuck_after: Option<Duration>,
+    pub(crate) observer: Option<ObserverSlot>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            config: Config {
+                max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+                queue_capacity: DEFAULT_QUEUE_CAPACITY,
+                keep_alive: DEFAULT_KEEP_ALIVE,
+                thread_name: "offloader-worker".to_owned(),
+                stack_size: None,
+                abandon: AbandonPolicy::Keep,
+                stuck_after: None,
+                observer: None,
+            },
+        }
+    }
+}
+
+impl Builder {
+    /// How many functions may run at once (default
+    /// [`DEFAULT_MAX_IN_FLIGHT`]). Also the most worker threads the pool
+    /// ever has.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.config.max_in_flight = n;
+        self
+    }
+
+    /// How many accepted jobs may wait for a permit (default
+    /// [`DEFAULT_QUEUE_CAPACITY`]). Beyond it, awaiting an offload waits for
+    /// room and [`Offload::spawn`](crate::Offload::spawn) fails with [`Rejected::Full`](crate::Rejected::Full).
+    pub fn queue_capacity(mut self, n: usize) -> Self {
+        self.config.queue_capacity = n;
+        self
+    }
+
+    /// How long an idle worker thread waits for work before it exits
+    /// (default [`DEFAULT_KEEP_ALIVE`]).
+    pub fn keep_alive(mut self, d: Duration) -> Self {
+        self.config.keep_alive = d;
+        self
+    }
+
+    /// The name given to worker threads (default `offloader-worker`; the
+    /// stuck-job monitor gets `<name>-monitor`). A name containing a NUL
+    /// byte is refused by [`build`](Self::build).
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.config.thread_name = name.into();
+        self
+    }
+
+    /// The stack size of worker threads (default: the platform's, 2 MiB
+    /// for Rust threads on Linux).
+    ///
+    /// The operating system rounds small values up to its minimum (16 KiB
+    /// on Linux), and nothing can check what a function needs: a function
+    /// whose frames outgrow the stack overflows it, which aborts the whole
+    /// process (Rust cannot catch a stack overflow). A 4 KiB setting aborts
+    /// on a function with a 64 KiB local buffer. Size it for the deepest
+    /// call an offloaded function makes, with margin.
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.config.stack_size = Some(bytes);
+        self
+    }
+
+    /// What happens to a job whose awaiting caller stops waiting (time-out
+    /// or drop) before it finished (default [`AbandonPolicy::Keep`]).
+    /// Overridable per call with [`Offload::on_abandon`](crate::Offload::on_abandon).
+    pub fn abandon_policy(mut self, policy: AbandonPolicy) -> Self {
+        self.config.abandon = policy;
+        self
+    }
+
+    /// Reports a job at `warn`, once, when its function has run longer than
+    /// `threshold` (default: never). Checked by one monitor thread, started
+    /// with the first job when a threshold is set; running jobs are also
+    /// listed by [`Offloader::running_jobs`].
+    pub fn stuck_after(mut self, threshold: Duration) -> Self {
+        self.config.stuck_after = Some(threshold);
+        self
+    }
+
+    /// Calls `observer` with every job's lifecycle transitions, in order, so
+    /// they can be kept in a durable ledger outside the process.
+    pub fn observer(mut self, observer: std::sync::Arc<dyn Observer>) -> Self {
+        self.config.observer = Some(ObserverSlot(observer));
+        self
+    }
+
+    /// Checks the configuration and builds the offloader. No thread is
+    /// started until the first job.
+    ///
+    /// ```
+    /// use offloader::{BuildError, Offloader};
+    ///
+    /// let err = Offloader::builder().thread_name("bad\0name").build().unwrap_err();
+    /// assert!(matches!(err, BuildError::ThreadName { .. }));
+    /// ```
+    pub fn build(self) -> Result<Offloader, BuildError> {
+        self.config.validate()?;
+        Ok(Offloader::from_config(self.config))
+    }
+}
+
+impl Config {
+    /// Every setting checked here, so that nothing fails later inside the
+    /// pool (a thread name with a NUL would make every spawn panic).
+    fn validate(&self) -> Result<(), BuildError> {
+        if self.max_in_flight == 0 {
+            return Err(BuildError::ZeroInFlight);
+        }
+        if self.max_in_flight > MAX_IN_FLIGHT {
+            return Err(BuildError::TooManyInFlight {
+                got: self.max_in_flight,
+                max: MAX_IN_FLIGHT,
+            });
+        }
+        if self.queue_capacity == 0 || self.queue_capacity > MAX_QUEUE_CAPACITY {
+            return Err(BuildError::QueueCapacity {
+                got: self.queue_capacity,
+                max: MAX_QUEUE_CAPACITY,
+            });
+        }
+        if self.thread_name.contains('\0') {
+            return Err(BuildError::ThreadName {
+                name: self.thread_name.clone(),
+            });
+        }
+        Ok(())
+    }
+}

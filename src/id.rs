@@ -1,0 +1,99 @@
+//! Leaf module: a job's identity and the values of its state word.
+//!
+//! Every other module may import from here; this module imports nothing of
+//! the crate, so the ids and states that errors, jobs and the pool all name
+//! sit below them (no import circles).
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A job's identity: unique within one process, increasing in order of
+/// submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(pub(crate) u64);
+
+impl JobId {
+    /// The id as a number.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JobState {
+    /// Accepted, waiting in the queue for a permit; the function has not
+    /// started.
+    Queued,
+    /// The function is running and holds a permit.
+    Running,
+    /// The function returned a value.
+    Completed,
+    /// The function panicked; the panic was caught.
+    Panicked,
+    /// Cancelled while queued; the function never ran.
+    Cancelled,
+    /// Removed from the queue by an immediate shutdown; the function never
+    /// ran.
+    Unstarted,
+}
+
+impl JobState {
+    /// `true` for the four terminal states.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, JobState::Queued | JobState::Running)
+    }
+
+    pub(crate) fn from_u8(v: u8) -> JobState {
+        match v {
+            QUEUED => JobState::Queued,
+            RUNNING => JobState::Running,
+            COMPLETED => JobState::Completed,
+            PANICKED => JobState::Panicked,
+            CANCELLED => JobState::Cancelled,
+            _ => JobState::Unstarted,
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            JobState::Queued => "queued (not started)",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Panicked => "panicked",
+            JobState::Cancelled => "cancelled before start",
+            JobState::Unstarted => "returned unstarted at shutdown",
+        })
+    }
+}
+
+/// Accepted, waiting for a permit.
+pub(crate) const QUEUED: u8 = 0;
+/// The function runs and holds a permit.
+pub(crate) const RUNNING: u8 = 1;
+/// Terminal: the function returned.
+pub(crate) const COMPLETED: u8 = 2;
+/// Terminal: the function panicked.
+pub(crate) const PANICKED: u8 = 3;
+/// Terminal: cancelled while queued.
+pub(crate) const CANCELLED: u8 = 4;
+/// Terminal: handed back unstarted by an immediate shutdown.
+pub(crate) const UNSTARTED: u8 = 5;
+
+/// Nanoseconds since a process-wide epoch: 8 bytes where an `Instant`
+/// takes 16.
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}

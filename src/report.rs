@@ -1,0 +1,120 @@
+//! What shutdown and inspection report: data, not only log lines.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::Pretty;
+use crate::id::JobId;
+use crate::job::JobCore;
+
+/// A job that an immediate shutdown removed from the queue; its function
+/// never ran. Its owner handle resolves to [`Error::Unstarted`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnstartedJob {
+    /// The job's id.
+    pub id: JobId,
+    /// The job's name, if it had one.
+    pub name: Option<std::sync::Arc<str>>,
+    /// How long it had waited in the queue.
+    pub queued_for: Duration,
+}
+
+/// A job whose function is running now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunningJob {
+    /// The job's id.
+    pub id: JobId,
+    /// The job's name, if it had one.
+    pub name: Option<std::sync::Arc<str>>,
+    /// How long the function has been running.
+    pub running_for: Duration,
+    /// Whether stop has been requested through its token.
+    pub stop_requested: bool,
+    /// Whether a caller's future or an owner handle for it still exists
+    /// (somebody may still collect the outcome).
+    pub caller_waiting: bool,
+    /// Whether an awaiting caller stopped waiting (timed out or dropped its
+    /// future) while the job was unfinished: the job outlives its caller.
+    pub caller_left: bool,
+}
+
+/// What a staged [`Offloader::close`] did and left behind. Data, not only a
+/// log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CloseReport {
+    /// Jobs whose function returned during the close.
+    pub completed: u64,
+    /// Jobs whose function panicked during the close.
+    pub panicked: u64,
+    /// Jobs handed back unstarted by the immediate stage (empty if the
+    /// graceful stage sufficed).
+    pub unstarted: Vec<UnstartedJob>,
+    /// Jobs still running when the close gave up: their functions ignored
+    /// the stop request for the whole second budget, and still hold their
+    /// permits.
+    pub still_running: Vec<RunningJob>,
+    /// Whether the immediate stage was needed.
+    pub escalated: bool,
+    /// Whether the pool terminated within the budgets.
+    pub terminated: bool,
+    /// How long the close took.
+    pub took: Duration,
+}
+
+impl fmt::Display for CloseReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "close {} after {}: {} completed, {} panicked, {} returned unstarted, {} still running",
+            if self.terminated {
+                "terminated"
+            } else {
+                "gave up"
+            },
+            Pretty(self.took),
+            self.completed,
+            self.panicked,
+            self.unstarted.len(),
+            self.still_running.len()
+        )?;
+        for job in &self.still_running {
+            write!(
+                f,
+                "\n  still running: job {} {:?} for {}, stop requested: {}",
+                job.id,
+                job.name.as_deref().unwrap_or(""),
+                Pretty(job.running_for),
+                job.stop_requested
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl RunningJob {
+    /// What a running job's core says about it now.
+    pub(crate) fn of(core: &JobCore) -> RunningJob {
+        RunningJob {
+            id: core.id,
+            name: core.name().cloned(),
+            running_for: core.clock(),
+            stop_requested: core.is_stop_requested(),
+            caller_waiting: core.caller_waiting(),
+            caller_left: core.caller_left(),
+        }
+    }
+}
+
+impl UnstartedJob {
+    /// What an unstarted job's core says about it.
+    pub(crate) fn of(core: &JobCore) -> UnstartedJob {
+        UnstartedJob {
+            id: core.id,
+            name: core.name().cloned(),
+            queued_for: core.clock(),
+        }
+    }
+}

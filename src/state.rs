@@ -1,0 +1,686 @@
+//! The pool's locked state, with one method per transition.
+//!
+//! Everything the pool knows about its jobs and threads lives in [`State`],
+//! behind the pool's one mutex, with private fields. Each transition of
+//! ARCHITECTURE.md's job and worker protocols is one method that updates
+//! the queue, the counters, the observer's event queue and the job's state
+//! word together, and records in an [`After`] the work to do once the lock
+//! is released: threads to unpark, waiters to wake, events to deliver, a
+//! job whose outcome must be published. The caller runs it with
+//! `Inner::after` (pool.rs).
+//!
+//! # Invariants (numbers from ARCHITECTURE.md)
+//!
+//! - **S1 (permits).** A job moves `Queued → Running` only in
+//!   [`State::start`], which links it into `running`; it leaves `running`
+//!   only in [`State::finish`], after its function returned or unwound. A
+//!   start never happens with `running.len() == max_in_flight`, because
+//!   every worker runs one function at a time and there are at most
+//!   `max_in_flight` workers. So `running <= max_in_flight` always.
+//! - **S2 (queue = Queued).** A job leaves `Queued` (for `Running`,
+//!   `Cancelled` or `Unstarted`) only by a compare-and-swap made under the
+//!   lock, in the same critical section that unlinks it from `queue`. So
+//!   `queue` holds exactly the jobs whose state word reads `Queued`, and
+//!   `running` exactly those reading `Running`.
+//! - **S3 (ledger).** Every counter changes in the critical section of the
+//!   transition it counts, and [`State::snapshot`] copies them under the
+//!   lock: `accepted = queued + running + terminal` in every snapshot.
+//! - **S4 (nothing foreign under the lock).** No method here runs user
+//!   code, drops a user value, wakes a waker or emits a tracing event or
+//!   span. Whatever would (waking, unparking, discarding a function,
+//!   delivering an event, dropping the slab's reference to a job) is
+//!   handed out in an [`After`] or a return value.
+//! - **S5 (O(1)).** Every per-job method is O(1) in the number of queued
+//!   jobs and in `max_in_flight`: jobs and parked workers live in
+//!   [`Slab`]s, and each knows its own key.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::error::Rejected;
+use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
+use crate::job::{JobCore, Task};
+use crate::metrics::Metrics;
+use crate::observer::{EventKind, EventQueue, JobEvent};
+use crate::policy::Departure;
+use crate::report::RunningJob;
+use crate::slab::{Key, List, Slab};
+use crate::sync::{thread, Arc};
+
+/// Work left to do after the lock is released (S4). Transitions add to it;
+/// `Inner::after` carries it out.
+#[must_use = "the work after unlocking must be carried out"]
+#[derive(Default)]
+pub(crate) struct After {
+    /// Claimed parked workers to unpark.
+    pub(crate) unpark: Vec<thread::Thread>,
+    /// Callers waiting for room to wake.
+    pub(crate) room: Room,
+    /// The pool may have become idle or terminated and somebody waits.
+    pub(crate) settled: bool,
+    /// Observer events were queued.
+    pub(crate) events: bool,
+    /// A job reference the slab let go of, dropped after unlocking (the
+    /// last reference drops the job's result, which is user code).
+    pub(crate) release: Option<Arc<dyn Task>>,
+}
+
+/// What an immediate shutdown took from the queue, and the running jobs it
+/// asks to stop.
+pub(crate) struct Drained {
+    pub(crate) unstarted: Vec<Arc<dyn Task>>,
+    pub(crate) running: Vec<Arc<dyn Task>>,
+}
+
+/// Which room waiters to wake.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    #[default]
+    None,
+    /// A slot freed: one waiter may take it.
+    One,
+    /// Shutdown: every waiter learns it is refused.
+    All,
+}
+
+/// Where a new or unclaimed job's worker comes from (the wake protocol,
+/// ARCHITECTURE.md "Waking workers").
+pub(crate) enum Worker {
+    /// A worker is already searching; it will find the job.
+    Searching,
+    /// A parked worker was claimed: unpark it after unlocking.
+    Claimed(thread::Thread),
+    /// A new worker must be spawned, under the lock, with this id; it is
+    /// already counted. Call [`State::spawn_failed`] if the spawn fails.
+    Spawn(u64),
+    /// Every worker is busy and there may be no more; one of them comes
+    /// back to the queue when its function returns.
+    Busy,
+}
+
+/// The counters behind [`Metrics`]; changed only under the lock (S3).
+#[derive(Default)]
+struct Counts {
+    accepted: u64,
+    rejected_full: u64,
+    rejected_shutdown: u64,
+    rejected_spawn: u64,
+    spawn_failures: u64,
+    completed: u64,
+    panicked: u64,
+    cancelled: u64,
+    unstarted: u64,
+    callers_timed_out: u64,
+    callers_dropped: u64,
+    running_after_caller_left: u64,
+    stop_requests: u64,
+    max_running: u64,
+    queue_wait_total: Duration,
+    run_time_total: Duration,
+}
+
+/// A parked worker: its id and its thread.
+struct Parked {
+    id: u64,
+    thread: thread::Thread,
+}
+
+/// Which waiter count a [`Waiting`](crate::pool::Waiting) guard holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiters {
+    /// Callers waiting for room in a full queue.
+    Room,
+    /// Waiters for idleness or termination (async, blocking, the monitor).
+    Settle,
+}
+
+/// The pool's state behind its one lock.
+pub(crate) struct State {
+    max_in_flight: usize,
+    queue_capacity: usize,
+    observe: bool,
+    /// Every queued or running job, by the key its core records.
+    jobs: Slab<Arc<dyn Task>>,
+    /// Exactly the `Queued` jobs, in submission order (S2).
+    queue: List,
+    /// Exactly the `Running` jobs; its length is the permits held (S1).
+    running: List,
+    /// Parked workers not yet claimed, most recently parked last.
+    parked: Slab<Parked>,
+    parked_list: List,
+    /// Live worker threads (spawned and not retired).
+    workers: usize,
+    /// Awake workers without a job that will look at the queue before
+    /// they park.
+    searching: usize,
+    next_worker: u64,
+    /// Terminal jobs whose outcome is not yet published (or, for a
+    /// worker's last job, not yet settled at its next lock).
+    unpublished: usize,
+    room_waiters: usize,
+    settle_waiters: usize,
+    shutdown: bool,
+    /// The stuck-job monitor thread is alive.
+    monitor: bool,
+    inject_spawn_failures: usize,
+    /// Handles of live pool threads (workers and the monitor), by slot.
+    threads: Slab<Option<thread::JoinHandle<()>>>,
+    /// Handles of retired threads nobody has joined yet.
+    exited: Vec<thread::JoinHandle<()>>,
+    /// Handles taken out of `exited` and being joined now.
+    joining: usize,
+    events: EventQueue,
+    counts: Counts,
+    /// The queue's length for spinning workers, which read it without the
+    /// lock (a hint: decisions are re-checked under the lock).
+    hint: std::sync::Arc<AtomicUsize>,
+}
+
+impl State {
+    pub(crate) fn new(
+        max_in_flight: usize,
+        queue_capacity: usize,
+        observe: bool,
+        hint: std::sync::Arc<AtomicUsize>,
+    ) -> Self {
+        State {
+            max_in_flight,
+            queue_capacity,
+            observe,
+            jobs: Slab::default(),
+            queue: List::default(),
+            running: List::default(),
+            parked: Slab::default(),
+            parked_list: List::default(),
+            workers: 0,
+            searching: 0,
+            next_worker: 0,
+            unpublished: 0,
+            room_waiters: 0,
+            settle_waiters: 0,
+            shutdown: false,
+            monitor: false,
+            inject_spawn_failures: 0,
+            threads: Slab::default(),
+            exited: Vec::new(),
+            joining: 0,
+            events: EventQueue::default(),
+            counts: Counts::default(),
+            hint,
+        }
+    }
+
+    // ----- admission ------------------------------------------------------
+
+    /// Whether a new job may be accepted: not shut down (a refusal then is
+    /// counted here), and fewer than `queue_capacity` jobs *waiting for a
+    /// permit*: queued jobs that a free permit will start at once are not
+    /// waiting.
+    pub(crate) fn admit(&mut self) -> Result<(), Rejected> {
+        if self.shutdown {
+            self.counts.rejected_shutdown += 1;
+            return Err(Rejected::ShuttingDown);
+        }
+        if self.waiting_for_permit() >= self.queue_capacity {
+            return Err(Rejected::Full {
+                capacity: self.queue_capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queued jobs beyond the permits that are free now.
+    fn waiting_for_permit(&self) -> usize {
+        let free = self.max_in_flight.saturating_sub(self.running.len());
+        self.queue.len().saturating_sub(free)
+    }
+
+    /// Transition *accept*: appends `task` to the queue and counts it.
+    pub(crate) fn accept(&mut self, task: Arc<dyn Task>, after: &mut After) {
+        self.counts.accepted += 1;
+        self.event(task.core(), EventKind::Accepted, after);
+        let key = self.jobs.insert(task.clone());
+        task.core().set_key(key);
+        self.jobs.push_back(&mut self.queue, key);
+        self.hint.store(self.queue.len(), Ordering::Release);
+    }
+
+    /// Counts a refusal the caller reports: a full queue, for good.
+    pub(crate) fn count_full(&mut self) {
+        self.counts.rejected_full += 1;
+    }
+
+    // ----- the wake protocol ---------------------------------------------
+
+    /// Makes sure some worker will look at the queue: a searching one, a
+    /// claimed parked one, or a new one (ARCHITECTURE.md "Waking workers").
+    pub(crate) fn find_worker(&mut self) -> Worker {
+        if self.searching > 0 {
+            return Worker::Searching;
+        }
+        if let Some(key) = self.parked.pop_back(&mut self.parked_list) {
+            if let Some(p) = self.parked.remove(key) {
+                // A claimed worker counts as searching.
+                self.searching += 1;
+                return Worker::Claimed(p.thread);
+            }
+        }
+        if self.workers < self.max_in_flight {
+            self.workers += 1;
+            self.searching += 1;
+            self.next_worker += 1;
+            return Worker::Spawn(self.next_worker);
+        }
+        Worker::Busy
+    }
+
+    /// Called by a worker that just took a job: if jobs are still queued and
+    /// nobody else is searching, finds another worker for them.
+    pub(crate) fn wake_another(&mut self) -> Worker {
+        if self.queue.is_empty() || self.searching > 0 {
+            return Worker::Searching;
+        }
+        self.find_worker()
+    }
+
+    /// A worker counted by [`Worker::Spawn`] could not be spawned. Returns
+    /// whether any worker is left to run queued jobs.
+    pub(crate) fn spawn_failed(&mut self) -> bool {
+        self.workers -= 1;
+        self.searching -= 1;
+        self.counts.spawn_failures += 1;
+        self.workers > 0
+    }
+
+    /// Counts a job refused because no worker could be spawned for it.
+    pub(crate) fn count_spawn_refusal(&mut self) {
+        self.counts.rejected_spawn += 1;
+    }
+
+    /// Test hook: whether this spawn should fail as if the OS refused it.
+    pub(crate) fn injected_spawn_failure(&mut self) -> bool {
+        if self.inject_spawn_failures == 0 {
+            return false;
+        }
+        self.inject_spawn_failures -= 1;
+        true
+    }
+
+    pub(crate) fn inject_spawn_failures(&mut self, n: usize) {
+        self.inject_spawn_failures = n;
+    }
+
+    /// The worker will look at the queue again before it parks.
+    pub(crate) fn begin_search(&mut self) {
+        self.searching += 1;
+    }
+
+    /// The worker stops searching (it took a job, parks or retires).
+    pub(crate) fn end_search(&mut self) {
+        self.searching -= 1;
+    }
+
+    pub(crate) fn searching(&self) -> usize {
+        self.searching
+    }
+
+    /// The worker `id` parks; returns the key it finds itself under.
+    pub(crate) fn park(&mut self, id: u64, thread: thread::Thread) -> Key {
+        let key = self.parked.insert(Parked { id, thread });
+        self.parked.push_back(&mut self.parked_list, key);
+        key
+    }
+
+    /// Whether the worker `id` parked under `key` was claimed (a claimer
+    /// removed its entry and counted it as searching).
+    pub(crate) fn was_claimed(&self, key: Key, id: u64) -> bool {
+        self.parked.get(key).is_none_or(|p| p.id != id)
+    }
+
+    /// The unclaimed worker parked under `key` stops waiting (keep-alive).
+    pub(crate) fn unpark_self(&mut self, key: Key) {
+        self.parked.unlink(&mut self.parked_list, key);
+        self.parked.remove(key);
+    }
+
+    /// Whether any worker thread is alive.
+    pub(crate) fn has_workers(&self) -> bool {
+        self.workers > 0
+    }
+
+    /// Transition *retire*: a worker leaves the pool's count as its last
+    /// act under the lock. Returns the handles of threads that retired
+    /// before it, for it to join after unlocking (so that at most one
+    /// retired thread is ever left unjoined, however long the pool lives).
+    pub(crate) fn retire(&mut self, slot: Key, after: &mut After) -> Vec<thread::JoinHandle<()>> {
+        self.workers -= 1;
+        let earlier = self.thread_exit(slot);
+        self.settle_check(after);
+        earlier
+    }
+
+    /// Reserves the slot a new pool thread's handle will be kept in.
+    pub(crate) fn thread_slot(&mut self) -> Key {
+        self.threads.insert(None)
+    }
+
+    /// The thread for `slot` was spawned.
+    pub(crate) fn thread_started(&mut self, slot: Key, handle: thread::JoinHandle<()>) {
+        if let Some(h) = self.threads.get_mut(slot) {
+            *h = Some(handle);
+        }
+    }
+
+    /// The thread for `slot` could not be spawned.
+    pub(crate) fn thread_failed(&mut self, slot: Key) {
+        self.threads.remove(slot);
+    }
+
+    /// The thread in `slot` is exiting: its handle waits in `exited` for a
+    /// join; the handles that waited there before are returned, counted as
+    /// being joined.
+    fn thread_exit(&mut self, slot: Key) -> Vec<thread::JoinHandle<()>> {
+        let earlier = self.take_exited();
+        if let Some(Some(handle)) = self.threads.remove(slot) {
+            self.exited.push(handle);
+        }
+        earlier
+    }
+
+    /// Takes the handles of retired threads for the caller to join; call
+    /// [`State::joined`] after joining them.
+    pub(crate) fn take_exited(&mut self) -> Vec<thread::JoinHandle<()>> {
+        let handles = std::mem::take(&mut self.exited);
+        self.joining += handles.len();
+        handles
+    }
+
+    /// `n` handles taken by [`State::take_exited`] were joined.
+    pub(crate) fn joined(&mut self, n: usize, after: &mut After) {
+        self.joining -= n;
+        self.settle_check(after);
+    }
+
+    // ----- job transitions -------------------------------------------------
+
+    /// Transition *start*: pops the next queued job and moves it to
+    /// `Running`, taking its permit (S1, S2).
+    pub(crate) fn start(&mut self, after: &mut After) -> Option<Arc<dyn Task>> {
+        let key = self.jobs.pop_front(&mut self.queue)?;
+        self.hint.store(self.queue.len(), Ordering::Release);
+        self.room_freed(after);
+        let task = self.jobs.get(key)?.clone();
+        let core = task.core();
+        if !core.transition(QUEUED, RUNNING) {
+            // Unreachable by S2; drop the entry rather than run it.
+            after.release = self.jobs.remove(key);
+            return None;
+        }
+        debug_assert!(self.running.len() < self.max_in_flight, "S1");
+        self.jobs.push_back(&mut self.running, key);
+        self.counts.max_running = self.counts.max_running.max(self.running.len() as u64);
+        self.counts.queue_wait_total += core.mark_started();
+        self.event(core, EventKind::Started, after);
+        Some(task)
+    }
+
+    /// Transition *finish*: the function of the running `core` returned
+    /// (or unwound): releases its permit and records its end (S1).
+    pub(crate) fn finish(
+        &mut self,
+        core: &JobCore,
+        panicked: bool,
+        ran: Duration,
+        after: &mut After,
+    ) {
+        let key = core.key();
+        self.jobs.unlink(&mut self.running, key);
+        after.release = self.jobs.remove(key);
+        self.counts.run_time_total += ran;
+        self.unpublished += 1;
+        let state = if panicked {
+            self.counts.panicked += 1;
+            core.transition(RUNNING, PANICKED);
+            JobState::Panicked
+        } else {
+            self.counts.completed += 1;
+            core.transition(RUNNING, COMPLETED);
+            JobState::Completed
+        };
+        self.event(core, EventKind::Finished(state), after);
+        // A free permit may let a room waiter in.
+        self.room_freed(after);
+        self.settle_check(after);
+    }
+
+    /// Transition *cancel-queued*: if `core` is still queued, moves it to
+    /// `Cancelled` and unlinks it; returns the job, whose function the
+    /// caller discards after unlocking.
+    pub(crate) fn cancel_queued(
+        &mut self,
+        core: &JobCore,
+        after: &mut After,
+    ) -> Option<Arc<dyn Task>> {
+        if !core.transition(QUEUED, CANCELLED) {
+            return None;
+        }
+        let key = core.key();
+        self.jobs.unlink(&mut self.queue, key);
+        self.hint.store(self.queue.len(), Ordering::Release);
+        self.counts.cancelled += 1;
+        self.unpublished += 1;
+        self.event(core, EventKind::Finished(JobState::Cancelled), after);
+        self.room_freed(after);
+        self.jobs.remove(key)
+    }
+
+    /// Transition *drain-unstarted* (immediate shutdown): moves every queued
+    /// job to `Unstarted` and unlinks it. Returns them (to be discarded
+    /// after unlocking) and the running jobs (to be asked to stop).
+    pub(crate) fn drain_unstarted(&mut self, after: &mut After) -> Drained {
+        let mut drained = Vec::with_capacity(self.queue.len());
+        while let Some(key) = self.jobs.pop_front(&mut self.queue) {
+            let Some(task) = self.jobs.remove(key) else {
+                continue;
+            };
+            let won = task.core().transition(QUEUED, UNSTARTED);
+            debug_assert!(won, "S2: a queued job is in state Queued");
+            self.counts.unstarted += 1;
+            self.unpublished += 1;
+            self.event(task.core(), EventKind::NeverStarted, after);
+            drained.push(task);
+        }
+        self.hint.store(0, Ordering::Release);
+        let running = self.jobs.iter(&self.running).cloned().collect();
+        self.settle_check(after);
+        Drained {
+            unstarted: drained,
+            running,
+        }
+    }
+
+    /// Transition *caller-left*: a caller stopped waiting for `core`.
+    pub(crate) fn caller_left(&mut self, core: &JobCore, why: Departure, after: &mut After) {
+        match why {
+            Departure::TimedOut => self.counts.callers_timed_out += 1,
+            Departure::Dropped => self.counts.callers_dropped += 1,
+        }
+        let state = core.state();
+        if state == JobState::Running {
+            self.counts.running_after_caller_left += 1;
+        }
+        self.event(core, EventKind::Abandoned { state }, after);
+    }
+
+    /// Transition *stop-requested*: a stop request took effect.
+    pub(crate) fn stop_requested(&mut self) {
+        self.counts.stop_requests += 1;
+    }
+
+    /// Settles `n` outcomes published outside the lock.
+    pub(crate) fn published(&mut self, n: usize, after: &mut After) {
+        self.unpublished -= n;
+        self.settle_check(after);
+    }
+
+    /// Transition *stop-accepting* (graceful shutdown); `false` if already
+    /// shut down. Claims every parked worker (each re-checks the queue,
+    /// drains it and exits) and wakes every room waiter.
+    pub(crate) fn begin_shutdown(&mut self, after: &mut After) -> bool {
+        if self.shutdown {
+            return false;
+        }
+        self.shutdown = true;
+        while let Some(key) = self.parked.pop_back(&mut self.parked_list) {
+            if let Some(p) = self.parked.remove(key) {
+                self.searching += 1;
+                after.unpark.push(p.thread);
+            }
+        }
+        after.room = Room::All;
+        self.settle_check(after);
+        true
+    }
+
+    // ----- observer events ------------------------------------------------
+
+    fn event(&mut self, core: &JobCore, kind: EventKind, after: &mut After) {
+        if self.observe {
+            self.events.push(core, kind);
+            after.events = true;
+        }
+    }
+
+    /// Starts delivering: the pending events, unless another thread is
+    /// delivering (observer.rs inv. 2).
+    pub(crate) fn events_begin(&mut self) -> Option<std::collections::VecDeque<JobEvent>> {
+        self.events.begin()
+    }
+
+    /// The next batch for the delivering thread; `None` ends its turn.
+    pub(crate) fn events_next(
+        &mut self,
+        after: &mut After,
+    ) -> Option<std::collections::VecDeque<JobEvent>> {
+        let next = self.events.next();
+        if next.is_none() {
+            self.settle_check(after);
+        }
+        next
+    }
+
+    // ----- waiters and queries -------------------------------------------
+
+    pub(crate) fn waiters(&mut self, which: Waiters) -> &mut usize {
+        match which {
+            Waiters::Room => &mut self.room_waiters,
+            Waiters::Settle => &mut self.settle_waiters,
+        }
+    }
+
+    fn room_freed(&self, after: &mut After) {
+        if self.room_waiters > 0 && after.room == Room::None {
+            after.room = Room::One;
+        }
+    }
+
+    fn settle_check(&self, after: &mut After) {
+        if self.settle_waiters > 0 && (self.is_idle() || self.is_terminated()) {
+            after.settled = true;
+        }
+    }
+
+    /// Every accepted job is terminal, its outcome published and every
+    /// event delivered.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+            && self.running.is_empty()
+            && self.unpublished == 0
+            && self.events.is_drained()
+    }
+
+    /// Shut down, idle, and every pool thread has exited *and been joined*
+    /// (its thread-local destructors have run).
+    pub(crate) fn is_terminated(&self) -> bool {
+        self.threads_retired() && self.exited.is_empty() && self.joining == 0
+    }
+
+    /// Shut down, idle, and every pool thread has retired (some may still
+    /// be exiting: see [`State::take_exited`]).
+    pub(crate) fn threads_retired(&self) -> bool {
+        self.shutdown && self.is_idle() && self.workers == 0 && !self.monitor
+    }
+
+    /// Shut down, idle and no worker left (the monitor's exit condition).
+    pub(crate) fn workers_done(&self) -> bool {
+        self.shutdown && self.is_idle() && self.workers == 0
+    }
+
+    pub(crate) fn is_shutdown(&self) -> bool {
+        self.shutdown
+    }
+
+    /// Marks the monitor thread started; `false` if it already runs.
+    pub(crate) fn monitor_starting(&mut self) -> bool {
+        !std::mem::replace(&mut self.monitor, true)
+    }
+
+    /// The monitor could not start.
+    pub(crate) fn monitor_gone(&mut self, after: &mut After) {
+        self.monitor = false;
+        self.settle_check(after);
+    }
+
+    /// The monitor in `slot` exits; returns earlier retirees to join.
+    pub(crate) fn monitor_exit(
+        &mut self,
+        slot: Key,
+        after: &mut After,
+    ) -> Vec<thread::JoinHandle<()>> {
+        self.monitor = false;
+        let earlier = self.thread_exit(slot);
+        self.settle_check(after);
+        earlier
+    }
+
+    /// The running jobs, for the report and the monitor.
+    pub(crate) fn running_jobs(&self) -> Vec<RunningJob> {
+        self.jobs
+            .iter(&self.running)
+            .map(|task| RunningJob::of(task.core()))
+            .collect()
+    }
+
+    /// Calls `f` with each running job's core (the monitor's scan: O(running)).
+    pub(crate) fn for_each_running(&self, mut f: impl FnMut(&JobCore)) {
+        for task in self.jobs.iter(&self.running) {
+            f(task.core());
+        }
+    }
+
+    /// The metrics, copied under the lock (S3).
+    pub(crate) fn snapshot(&self) -> Metrics {
+        let c = &self.counts;
+        Metrics {
+            accepted: c.accepted,
+            rejected_full: c.rejected_full,
+            rejected_shutdown: c.rejected_shutdown,
+            rejected_spawn: c.rejected_spawn,
+            spawn_failures: c.spawn_failures,
+            queued: self.queue.len() as u64,
+            running: self.running.len() as u64,
+            completed: c.completed,
+            panicked: c.panicked,
+            cancelled: c.cancelled,
+            unstarted: c.unstarted,
+            callers_timed_out: c.callers_timed_out,
+            callers_dropped: c.callers_dropped,
+            running_after_caller_left: c.running_after_caller_left,
+            stop_requests: c.stop_requests,
+            max_running: c.max_running,
+            workers: self.workers as u64,
+            queue_wait_total: c.queue_wait_total,
+            run_time_total: c.run_time_total,
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Worker threads: the loop that runs jobs, the wake-up protocol that finds
+//! a worker for every queued job, spinning, and thread spawning.
+//!
+//! ARCHITECTURE.md ("Waking workers") describes the protocol; in short,
+//! after Go's scheduler: `searching` counts workers that are awake without
+//! a job and will look at the queue under the lock before they park. A
+//! submitter wakes a parked worker (or spawns one, below `max_in_flight`)
+//! only when nobody is searching; a searcher that takes a job and leaves
+//! others queued finds the next worker itself when it was the last
+//! searcher. So whenever the queue is not empty, some worker is searching
+//! or every worker is busy and will come back to the queue. This holds
+//! after a graceful shutdown too: queued jobs drain at the full
+//! `max_in_flight` width.
+
+use std::sync::atomic::Ordering as StdOrdering;
+use std::time::{Duration, Instant};
+
+use crate::job::{JobCore, Task};
+use crate::pool::Inner;
+use crate::quiet::drop_quietly;
+use crate::slab::Key;
+use crate::state::{After, State};
+use crate::stop::StopToken;
+use crate::sync::{park_timeout, thread, Arc};
+
+/// Spinning before parking saves a futex wake-up when jobs arrive back to
+/// back. Off under loom, whose scheduler cannot preempt a spin loop.
+pub(crate) const SPIN: bool = cfg!(not(loom));
+/// Callers spin for an outcome only while recent jobs ran shorter than this.
+const CALLER_SPIN_MAX_RUN_NS: u64 = 5_000;
+/// The longest a caller spins before it parks: well under the tens of
+/// microseconds an async task may run between awaits.
+const CALLER_SPIN_BUDGET: Duration = Duration::from_micros(20);
+/// How long a worker spins (then yields) before it parks.
+const SPIN_BUDGET: Duration = Duration::from_micros(50);
+
+/// How long an awaiting caller may spin for the outcome of a job it just
+/// submitted before it parks: a wake-up of a parked async thread costs
+/// more than a short job, so when recent jobs were short the caller looks
+/// for the outcome for a few microseconds first. Zero when recent jobs
+/// were not short, and under loom.
+pub(crate) fn caller_spin(inner: &Inner) -> Duration {
+    if !SPIN {
+        return Duration::ZERO;
+    }
+    // ORDERING: a hint; no proof rests on it.
+    let recent = inner.recent_run_ns.load(StdOrdering::Relaxed);
+    if recent > CALLER_SPIN_MAX_RUN_NS {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(4 * recent + 2_000).min(CALLER_SPIN_BUDGET)
+}
+
+impl Inner {
+    /// The worker thread's body: run jobs while there are any, with one lock
+    /// acquisition per job (finish one, take the next), then spin or park.
+    ///
+    /// A published outcome stays counted as unpublished until this worker's
+    /// next lock acquisition, which saves a lock per job.
+    fn work_loop(self: Arc<Self>, me: u64, slot: Key) {
+        // `owed`: this worker published an outcome still counted as
+        // unpublished.
+        let mut owed = false;
+        let mut next = self.wait_for_work(me, slot, true, &mut owed);
+        while let Some(task) = next {
+            let core = task.core();
+            let span = core.span();
+            let entered = span.enter();
+            tracing::debug!("started");
+            let stop = StopToken::from_source(task.clone());
+            let mut following = None;
+            let mut ran = Duration::ZERO;
+            let mut panicked = false;
+            let mut after = After::default();
+            task.run(&stop, &mut |did_panic| {
+                // The function returned: release the permit and take the
+                // next job under one lock (S1), before the outcome is
+                // published (job.rs inv. 4).
+                panicked = did_panic;
+                ran = core.clock();
+                self.note_run_time(ran);
+                let mut s = self.lock();
+                if std::mem::take(&mut owed) {
+                    s.published(1, &mut after);
+                }
+                s.finish(core, did_panic, ran, &mut after);
+                following = s.start(&mut after);
+                if following.is_none() {
+                    // From here until it parks this worker will look at the
+                    // queue again, so a submitter need not wake one.
+                    s.begin_search();
+                }
+            });
+            drop(stop);
+            log_finished(core, panicked, ran);
+            drop(entered);
+            self.after(after);
+            // Drops a detached job's result: user code, caught if it panics.
+            drop_quietly(task);
+            owed = true;
+            next = following;
+            if next.is_none() {
+                next = self.wait_for_work(me, slot, true, &mut owed);
+            }
+        }
+        tracing::trace!("worker thread exiting");
+    }
+
+    /// Folds one run time into the moving average callers spin by.
+    fn note_run_time(&self, ran: Duration) {
+        // ORDERING: a hint for callers deciding whether to spin.
+        let old = self.recent_run_ns.load(StdOrdering::Relaxed);
+        let new = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
+        self.recent_run_ns
+            .store(old - old / 8 + new / 8, StdOrdering::Relaxed);
+    }
+
+    /// Returns the next job, spinning then parking while there is none;
+    /// `None` when this worker should exit (shutdown or keep-alive expiry),
+    /// in which case it has already retired. `searching` says whether this
+    /// worker is already counted as searching.
+    fn wait_for_work(
+        self: &Arc<Self>,
+        me: u64,
+        slot: Key,
+        mut searching: bool,
+        owed: &mut bool,
+    ) -> Option<Arc<dyn Task>> {
+        let mut after = After::default();
+        let mut s = self.lock();
+        if std::mem::take(owed) {
+            s.published(1, &mut after);
+        }
+        let mut spun = false;
+        loop {
+            if let Some(task) = s.start(&mut after) {
+                if searching {
+                    s.end_search();
+                }
+                let worker = s.wake_another();
+                let spawned = self.provide_worker(&mut s, worker, &mut after);
+                drop(s);
+                if let Err(e) = spawned {
+                    tracing::debug!(error = %e, "could not spawn another worker; queued jobs wait for busy ones");
+                }
+                self.after(after);
+                return Some(task);
+            }
+            if s.is_shutdown() {
+                if searching {
+                    s.end_search();
+                }
+                self.retire(s, slot, after);
+                return None;
+            }
+            if SPIN && !spun && (searching || s.searching() == 0) {
+                if !searching {
+                    s.begin_search();
+                    searching = true;
+                }
+                drop(s);
+                self.after(std::mem::take(&mut after));
+                self.spin();
+                spun = true;
+                s = self.lock();
+                continue;
+            }
+            if searching {
+                // Parked workers are not searching; a claimer re-counts it.
+                s.end_search();
+            }
+            let parked_at = Instant::now();
+            let key = s.park(me, thread::current());
+            drop(s);
+            self.after(std::mem::take(&mut after));
+            loop {
+                park_timeout(self.config.keep_alive.saturating_sub(parked_at.elapsed()));
+                s = self.lock();
+                if s.was_claimed(key, me) {
+                    // The claimer counted this worker as searching.
+                    searching = true;
+                    spun = false;
+                    break;
+                }
+                if parked_at.elapsed() >= self.config.keep_alive {
+                    s.unpark_self(key);
+                    self.retire(s, slot, after);
+                    return None;
+                }
+                // Spurious wake-up: still parked, park again.
+                drop(s);
+            }
+        }
+    }
+
+    /// Takes this worker out of the pool as its last act, and joins the
+    /// threads that retired before it (ARCHITECTURE.md "Termination").
+    fn retire(&self, mut s: crate::sync::MutexGuard<'_, State>, slot: Key, mut after: After) {
+        let earlier = s.retire(slot, &mut after);
+        drop(s);
+        self.after(after);
+        self.join(earlier);
+    }
+
+    /// Joins retired threads (never the caller's own) and settles them.
+    pub(crate) fn join(&self, handles: Vec<thread::JoinHandle<()>>) {
+        if handles.is_empty() {
+            return;
+        }
+        let n = handles.len();
+        for h in handles {
+            // A thread that panicked after retiring has nothing to report.
+            let _ = h.join();
+        }
+        let mut after = After::default();
+        self.lock().joined(n, &mut after);
+        self.after(after);
+    }
+
+    /// Spins until a job is queued or the spin budget is spent.
+    fn spin(&self) {
+        let began = Instant::now();
+        let mut round = 0u32;
+        while self.queue_hint.load(StdOrdering::Acquire) == 0 {
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else if began.elapsed() >= SPIN_BUDGET {
+                return;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Spawns the worker `id` counted by `Worker::Spawn`, under the lock;
+    /// on failure the count is given back.
+    pub(crate) fn spawn_worker(self: &Arc<Self>, s: &mut State, id: u64) -> std::io::Result<()> {
+        let spawned = if s.injected_spawn_failure() {
+            Err(std::io::Error::from_raw_os_error(11)) // EAGAIN
+        } else {
+            self.spawn_thread(s, "worker", move |inner, slot| inner.work_loop(id, slot))
+        };
+        if spawned.is_err() {
+            s.spawn_failed();
+        }
+        spawned
+    }
+
+    /// Starts the stuck-job monitor if one is configured and not running;
+    /// returns the error if it could not be spawned (best effort: stuck
+    /// jobs then go unreported but nothing else changes).
+    pub(crate) fn ensure_monitor(self: &Arc<Self>, s: &mut State) -> Option<std::io::Error> {
+        if self.config.stuck_after.is_none() || !s.monitor_starting() {
+            return None;
+        }
+        match self.spawn_thread(s, "monitor", |inner, slot| inner.monitor_loop(slot)) {
+            Ok(()) => None,
+            Err(e) => {
+                let mut after = After::default();
+                s.monitor_gone(&mut after);
+                // Nobody can be waiting on a monitor that never ran.
+                drop(after);
+                Some(e)
+            }
+        }
+    }
+
+    /// Spawns a pool thread whose handle the state keeps, so that
+    /// termination can join it.
+    fn spawn_thread(
+        self: &Arc<Self>,
+        s: &mut State,
+        role: &str,
+        body: impl FnOnce(Arc<Inner>, Key) + Send + 'static,
+    ) -> std::io::Result<()> {
+        let name = match role {
+            "worker" => self.config.thread_name.clone(),
+            other => format!("{}-{other}", self.config.thread_name),
+        };
+        let mut b = thread::Builder::new().name(name);
+        if let Some(size) = self.config.stack_size {
+            b = b.stack_size(size);
+        }
+        let slot = s.thread_slot();
+        let me = self.clone();
+        match b.spawn(move || body(me, slot)) {
+            Ok(handle) => {
+                s.thread_started(slot, handle);
+                Ok(())
+            }
+            Err(e) => {
+                s.thread_failed(slot);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Logs a finished job, outside the lock; called inside the job's span,
+/// which the worker has entered.
+fn log_finished(core: &JobCore, panicked: bool, ran: Duration) {
+    if panicked {
+        tracing::warn!(ran = ?ran, "panicked; the panic was caught and the permit released");
+    } else {
+        tracing::debug!(ran = ?ran, "completed");
+    }
+    if core.caller_left() {
+        tracing::debug!(ran = ?ran, "finished after its caller stopped waiting");
+    }
+}

@@ -256,8 +256,12 @@ impl<T> JobHandle<T> {
             AbandonPolicy::CancelIfQueued => Fate::KeptRunning,
             AbandonPolicy::CancelAndStop if self.pool.cancel(core) => Fate::CancelledBeforeStart,
             AbandonPolicy::CancelAndStop => {
-                self.stop();
-                Fate::StopRequested
+                // A job that finished meanwhile had nothing left to stop.
+                if !self.stop() && self.state().is_terminal() {
+                    Fate::AlreadyFinished
+                } else {
+                    Fate::StopRequested
+                }
             }
         };
         let state = self.state();
@@ -284,7 +288,7 @@ impl<T> Future for JobHandle<T> {
         let Some(timer) = &mut self.timer else {
             return Poll::Pending;
         };
-        let deadline = timer.began + timer.limit;
+        let deadline = crate::clock::deadline_after(timer.began, timer.limit);
         let sleep = timer
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.into())));

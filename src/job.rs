@@ -13,7 +13,7 @@
 //!
 //! 1. The state word leaves `Queued` exactly once, by one successful
 //!    compare-and-swap; `Running`, `Cancelled` and `Unstarted` all start with
-//!    that swap, so a job is never both cancelled and run (DESIGN inv. 3).
+//!    that swap, so a job is never both cancelled and run (ARCHITECTURE.md invariant 3).
 //! 2. The function is taken out of its cell only by the thread whose swap won:
 //!    the worker that moved the job to `Running` calls it, the thread that
 //!    moved it to `Cancelled`/`Unstarted` drops it.
@@ -32,7 +32,7 @@
 //! function and its outcome slot share it, and so does the job's stop
 //! token (the job *is* the token's stop source). Rare parts (a name, a
 //! deadline, stop callbacks) live behind thin pointers allocated only when
-//! used. `tests/layout.rs` pins the size.
+//! used. The unit test at the end of this file pins the size.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, AtomicU64};

@@ -18,6 +18,9 @@
 //! This page is a guide, in the order you meet the ideas: the failure, waiting
 //! vs owning, abandon policies, the stop token and the deadline, shutdown,
 //! the lifecycle observer and metrics. Every example on it runs as a test.
+//! How the crate keeps its promises (the numbered invariants, the locks on a
+//! job's path, the worker wake-up protocol) is in `docs/ARCHITECTURE.md` of
+//! the repository.
 //!
 //! # The failure it prevents
 //!
@@ -405,6 +408,7 @@
 )]
 
 // Leaves first: each module imports only from those above it.
+mod clock;
 mod id;
 mod policy;
 mod quiet;

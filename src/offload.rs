@@ -384,9 +384,7 @@ fn poll_timer(
         return false;
     };
     if timer.is_none() {
-        let at = began
-            .checked_add(limit)
-            .unwrap_or(began + Duration::from_secs(86_400 * 365));
+        let at = crate::clock::deadline_after(began, limit);
         timer.set(Some(tokio::time::sleep_until(at.into())));
     }
     match timer.as_pin_mut() {

@@ -247,9 +247,12 @@ impl Inner {
             }
             Err(e) => Some(e),
         };
-        self.ensure_monitor(&mut s);
+        let monitor_error = self.ensure_monitor(&mut s);
         s.accept(task.clone(), &mut after);
         drop(s);
+        if let Some(e) = monitor_error {
+            tracing::warn!(error = %e, "could not spawn the stuck-job monitor; stuck jobs go unreported");
+        }
         tracing::trace!(parent: &task.core().span(), "accepted");
         if let Some(e) = spawn_error {
             tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");

@@ -355,21 +355,17 @@ impl Inner {
         let registered = Waiting::new(&self, Waiters::Settle);
         let mut s = self.lock();
         while !s.workers_done() {
-            let mut stuck = Vec::new();
-            s.for_each_running(|core| {
-                let running_for = core.clock();
-                if running_for > threshold && core.mark_stuck_reported() {
-                    stuck.push((core.span(), running_for, core.is_stop_requested()));
-                }
-            });
+            let stuck = s.newly_stuck(threshold);
             drop(s);
-            for (span, running_for, stop_requested) in stuck {
+            for task in stuck {
+                let core = task.core();
                 tracing::warn!(
-                    parent: &span,
-                    ?running_for,
-                    stop_requested,
+                    parent: &core.span(),
+                    running_for = ?core.clock(),
+                    stop_requested = core.is_stop_requested(),
                     "job is stuck: it has run longer than the stuck_after threshold"
                 );
+                drop_quietly(task);
             }
             s = self.lock();
             if s.workers_done() {

@@ -9,7 +9,10 @@
 //! job whose outcome must be published. The caller runs it with
 //! `Inner::after` (pool.rs).
 //!
-//! # Invariants (numbers from ARCHITECTURE.md)
+//! # Invariants
+//!
+//! S1–S5 are how this module keeps invariants 1, 3, 4, 9 and 10 of
+//! `docs/ARCHITECTURE.md`.
 //!
 //! - **S1 (permits).** A job moves `Queued → Running` only in
 //!   [`State::start`], which links it into `running`; it leaves `running`
@@ -44,7 +47,9 @@ use crate::metrics::Metrics;
 use crate::observer::{EventKind, EventQueue, JobEvent};
 use crate::policy::Departure;
 use crate::report::RunningJob;
-use crate::slab::{Key, List, Slab};
+use crate::slab::{List, Slab};
+
+mod workers;
 use crate::sync::{thread, Arc};
 
 /// Work left to do after the lock is released (S4). Transitions add to it;
@@ -248,157 +253,6 @@ impl State {
     /// Counts a refusal the caller reports: a full queue, for good.
     pub(crate) fn count_full(&mut self) {
         self.counts.rejected_full += 1;
-    }
-
-    // ----- the wake protocol ---------------------------------------------
-
-    /// Makes sure some worker will look at the queue: a searching one, a
-    /// claimed parked one, or a new one (ARCHITECTURE.md "Waking workers").
-    pub(crate) fn find_worker(&mut self) -> Worker {
-        if self.searching > 0 {
-            return Worker::Searching;
-        }
-        if let Some(key) = self.parked.pop_back(&mut self.parked_list) {
-            if let Some(p) = self.parked.remove(key) {
-                // A claimed worker counts as searching.
-                self.searching += 1;
-                return Worker::Claimed(p.thread);
-            }
-        }
-        if self.workers < self.max_in_flight {
-            self.workers += 1;
-            self.searching += 1;
-            self.next_worker += 1;
-            return Worker::Spawn(self.next_worker);
-        }
-        Worker::Busy
-    }
-
-    /// Called by a worker that just took a job: if jobs are still queued and
-    /// nobody else is searching, finds another worker for them.
-    pub(crate) fn wake_another(&mut self) -> Worker {
-        if self.queue.is_empty() || self.searching > 0 {
-            return Worker::Searching;
-        }
-        self.find_worker()
-    }
-
-    /// A worker counted by [`Worker::Spawn`] could not be spawned. Returns
-    /// whether any worker is left to run queued jobs.
-    pub(crate) fn spawn_failed(&mut self) -> bool {
-        self.workers -= 1;
-        self.searching -= 1;
-        self.counts.spawn_failures += 1;
-        self.workers > 0
-    }
-
-    /// Counts a job refused because no worker could be spawned for it.
-    pub(crate) fn count_spawn_refusal(&mut self) {
-        self.counts.rejected_spawn += 1;
-    }
-
-    /// Test hook: whether this spawn should fail as if the OS refused it.
-    pub(crate) fn injected_spawn_failure(&mut self) -> bool {
-        if self.inject_spawn_failures == 0 {
-            return false;
-        }
-        self.inject_spawn_failures -= 1;
-        true
-    }
-
-    pub(crate) fn inject_spawn_failures(&mut self, n: usize) {
-        self.inject_spawn_failures = n;
-    }
-
-    /// The worker will look at the queue again before it parks.
-    pub(crate) fn begin_search(&mut self) {
-        self.searching += 1;
-    }
-
-    /// The worker stops searching (it took a job, parks or retires).
-    pub(crate) fn end_search(&mut self) {
-        self.searching -= 1;
-    }
-
-    pub(crate) fn searching(&self) -> usize {
-        self.searching
-    }
-
-    /// The worker `id` parks; returns the key it finds itself under.
-    pub(crate) fn park(&mut self, id: u64, thread: thread::Thread) -> Key {
-        let key = self.parked.insert(Parked { id, thread });
-        self.parked.push_back(&mut self.parked_list, key);
-        key
-    }
-
-    /// Whether the worker `id` parked under `key` was claimed (a claimer
-    /// removed its entry and counted it as searching).
-    pub(crate) fn was_claimed(&self, key: Key, id: u64) -> bool {
-        self.parked.get(key).is_none_or(|p| p.id != id)
-    }
-
-    /// The unclaimed worker parked under `key` stops waiting (keep-alive).
-    pub(crate) fn unpark_self(&mut self, key: Key) {
-        self.parked.unlink(&mut self.parked_list, key);
-        self.parked.remove(key);
-    }
-
-    /// Whether any worker thread is alive.
-    pub(crate) fn has_workers(&self) -> bool {
-        self.workers > 0
-    }
-
-    /// Transition *retire*: a worker leaves the pool's count as its last
-    /// act under the lock. Returns the handles of threads that retired
-    /// before it, for it to join after unlocking (so that at most one
-    /// retired thread is ever left unjoined, however long the pool lives).
-    pub(crate) fn retire(&mut self, slot: Key, after: &mut After) -> Vec<thread::JoinHandle<()>> {
-        self.workers -= 1;
-        let earlier = self.thread_exit(slot);
-        self.settle_check(after);
-        earlier
-    }
-
-    /// Reserves the slot a new pool thread's handle will be kept in.
-    pub(crate) fn thread_slot(&mut self) -> Key {
-        self.threads.insert(None)
-    }
-
-    /// The thread for `slot` was spawned.
-    pub(crate) fn thread_started(&mut self, slot: Key, handle: thread::JoinHandle<()>) {
-        if let Some(h) = self.threads.get_mut(slot) {
-            *h = Some(handle);
-        }
-    }
-
-    /// The thread for `slot` could not be spawned.
-    pub(crate) fn thread_failed(&mut self, slot: Key) {
-        self.threads.remove(slot);
-    }
-
-    /// The thread in `slot` is exiting: its handle waits in `exited` for a
-    /// join; the handles that waited there before are returned, counted as
-    /// being joined.
-    fn thread_exit(&mut self, slot: Key) -> Vec<thread::JoinHandle<()>> {
-        let earlier = self.take_exited();
-        if let Some(Some(handle)) = self.threads.remove(slot) {
-            self.exited.push(handle);
-        }
-        earlier
-    }
-
-    /// Takes the handles of retired threads for the caller to join; call
-    /// [`State::joined`] after joining them.
-    pub(crate) fn take_exited(&mut self) -> Vec<thread::JoinHandle<()>> {
-        let handles = std::mem::take(&mut self.exited);
-        self.joining += handles.len();
-        handles
-    }
-
-    /// `n` handles taken by [`State::take_exited`] were joined.
-    pub(crate) fn joined(&mut self, n: usize, after: &mut After) {
-        self.joining -= n;
-        self.settle_check(after);
     }
 
     // ----- job transitions -------------------------------------------------
@@ -620,29 +474,6 @@ impl State {
         self.shutdown
     }
 
-    /// Marks the monitor thread started; `false` if it already runs.
-    pub(crate) fn monitor_starting(&mut self) -> bool {
-        !std::mem::replace(&mut self.monitor, true)
-    }
-
-    /// The monitor could not start.
-    pub(crate) fn monitor_gone(&mut self, after: &mut After) {
-        self.monitor = false;
-        self.settle_check(after);
-    }
-
-    /// The monitor in `slot` exits; returns earlier retirees to join.
-    pub(crate) fn monitor_exit(
-        &mut self,
-        slot: Key,
-        after: &mut After,
-    ) -> Vec<thread::JoinHandle<()>> {
-        self.monitor = false;
-        let earlier = self.thread_exit(slot);
-        self.settle_check(after);
-        earlier
-    }
-
     /// The running jobs, for the report and the monitor.
     pub(crate) fn running_jobs(&self) -> Vec<RunningJob> {
         self.jobs
@@ -651,11 +482,15 @@ impl State {
             .collect()
     }
 
-    /// Calls `f` with each running job's core (the monitor's scan: O(running)).
-    pub(crate) fn for_each_running(&self, mut f: impl FnMut(&JobCore)) {
-        for task in self.jobs.iter(&self.running) {
-            f(task.core());
-        }
+    /// The running jobs that have run longer than `threshold` and were not
+    /// reported yet, now marked reported (the monitor's scan: O(running)).
+    /// The caller logs them, and drops the references, after unlocking.
+    pub(crate) fn newly_stuck(&self, threshold: Duration) -> Vec<Arc<dyn Task>> {
+        self.jobs
+            .iter(&self.running)
+            .filter(|task| task.core().clock() > threshold && task.core().mark_stuck_reported())
+            .cloned()
+            .collect()
     }
 
     /// The metrics, copied under the lock (S3).

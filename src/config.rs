@@ -52,6 +52,8 @@ pub(crate) struct Config {
     pub(crate) abandon: AbandonPolicy,
     pub(crate) stuck_after: Option<Duration>,
     pub(crate) observer: Option<ObserverSlot>,
+    /// The process-wide pool, which ignores shutdown requests.
+    pub(crate) global: bool,
 }
 
 impl Default for Builder {
@@ -66,6 +68,7 @@ impl Default for Builder {
                 abandon: AbandonPolicy::Keep,
                 stuck_after: None,
                 observer: None,
+                global: false,
             },
         }
     }
@@ -153,6 +156,17 @@ impl Builder {
     pub fn build(self) -> Result<Offloader, BuildError> {
         self.config.validate()?;
         Ok(Offloader::from_config(self.config))
+    }
+}
+
+impl Builder {
+    /// The configuration of the process-wide pool: the defaults (valid by
+    /// construction, checked by a test), ignoring shutdown requests.
+    pub(crate) fn into_global(self) -> Config {
+        Config {
+            global: true,
+            ..self.config
+        }
     }
 }
 

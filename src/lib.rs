@@ -444,7 +444,7 @@ pub use metrics::Metrics;
 pub use observer::{EventKind, JobEvent, Observer};
 pub use offload::{Offload, OffloadFuture};
 pub use policy::AbandonPolicy;
-pub use pool::Offloader;
+pub use pool::{Offloader, WeakOffloader};
 pub use report::{CloseReport, RunningJob, UnstartedJob};
 pub use stop::{StopCallback, StopToken, Stopped};
 
@@ -469,12 +469,21 @@ where
 impl Offloader {
     /// The process-wide default offloader behind [`offload()`], built on
     /// first use with default settings. It is never dropped.
+    ///
+    /// Like Java's common pool, it **ignores shutdown requests**: any
+    /// library in the process can reach it, so none may close it for the
+    /// others. [`shutdown`](Self::shutdown), [`shutdown_now`](Self::shutdown_now)
+    /// and [`close`](Self::close) do nothing on it (`shutdown_now` returns
+    /// no jobs; `close` reports `terminated: false` at once). Build your own
+    /// pool with [`Offloader::builder`] to control its lifecycle.
+    ///
+    /// ```
+    /// let global = offloader::Offloader::global();
+    /// global.shutdown(); // ignored
+    /// assert!(!global.is_shutdown());
+    /// ```
     pub fn global() -> &'static Offloader {
         static GLOBAL: std::sync::OnceLock<Offloader> = std::sync::OnceLock::new();
-        GLOBAL.get_or_init(|| match Builder::default().build() {
-            Ok(pool) => pool,
-            // The defaults are valid by construction (checked by a test).
-            Err(e) => unreachable!("default offloader configuration is invalid: {e}"),
-        })
+        GLOBAL.get_or_init(|| Offloader::from_config(Builder::default().into_global()))
     }
 }

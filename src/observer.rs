@@ -54,6 +54,40 @@ use crate::job::JobCore;
 /// assert_eq!(lines.len(), 3); // accepted, started, finished
 /// # Ok(()) }
 /// ```
+///
+/// An observer that needs its own pool (to read its metrics, say) holds a
+/// [`WeakOffloader`](crate::WeakOffloader): a strong [`Offloader`](crate::Offloader)
+/// inside the pool's own observer would keep the pool open forever.
+///
+/// ```
+/// use std::sync::{Arc, Mutex, OnceLock};
+/// use offloader::{JobEvent, Observer, Offloader, WeakOffloader};
+///
+/// #[derive(Default)]
+/// struct Watch {
+///     pool: OnceLock<WeakOffloader>,
+///     queued_seen: Mutex<Vec<u64>>,
+/// }
+///
+/// impl Observer for Watch {
+///     fn on_event(&self, _event: &JobEvent) {
+///         if let Some(pool) = self.pool.get().and_then(WeakOffloader::upgrade) {
+///             self.queued_seen.lock().unwrap().push(pool.metrics().queued);
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let watch = Arc::new(Watch::default());
+/// let pool = Offloader::builder().observer(watch.clone()).build()?;
+/// watch.pool.set(pool.downgrade()).ok();
+/// pool.offload(|_stop| ()).await?;
+/// let weak = pool.downgrade();
+/// drop(pool); // the observer's weak handle does not keep it open
+/// assert!(weak.upgrade().is_none());
+/// # Ok(()) }
+/// ```
 pub trait Observer: Send + Sync + 'static {
     /// Called once per transition.
     fn on_event(&self, event: &JobEvent);

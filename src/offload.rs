@@ -127,7 +127,10 @@ where
 
     /// Submits the job once the queue has room, waiting for it, and returns
     /// its owner handle. Fails, handing the function back, if the offloader
-    /// shuts down first or no worker thread could be spawned.
+    /// shuts down first, no worker thread could be spawned, or the caller's
+    /// [`with_timeout`](Self::with_timeout) passes while it waits for room
+    /// ([`Rejected::FullUntilTimeout`]): the wait for room counts against
+    /// the timeout.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -146,6 +149,9 @@ where
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
+        let wait_until = self
+            .timeout
+            .map(|limit| tokio::time::Instant::from_std(crate::clock::deadline_after(began, limit)));
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -160,7 +166,19 @@ where
                     return Err(SubmitError::new(reason, back.func));
                 }
             }
-            freed.await;
+            match wait_until {
+                None => freed.await,
+                Some(at) => {
+                    if tokio::time::timeout_at(at, freed).await.is_err() {
+                        let reason = Rejected::FullUntilTimeout {
+                            capacity: inner.config.queue_capacity,
+                            waited: began.elapsed(),
+                        };
+                        inner.count_refusal(&reason);
+                        return Err(SubmitError::new(reason, this.func));
+                    }
+                }
+            }
         }
     }
 

@@ -119,11 +119,53 @@ impl Offloader {
         &self.handle.inner
     }
 
+    /// A handle that does not keep the pool open: an observer, a callback
+    /// or a job that needs to reach its own pool holds one of these, so the
+    /// pool still shuts down when the user drops the last [`Offloader`]
+    /// (a strong clone there would be a reference cycle, keeping the pool
+    /// alive forever).
+    ///
+    /// ```
+    /// let pool = offloader::Offloader::builder().build().unwrap();
+    /// let weak = pool.downgrade();
+    /// assert!(weak.upgrade().is_some());
+    /// drop(pool);
+    /// assert!(weak.upgrade().is_none()); // the pool is shutting down
+    /// ```
+    pub fn downgrade(&self) -> WeakOffloader {
+        WeakOffloader {
+            handle: Arc::downgrade(&self.handle),
+        }
+    }
+
     /// Test hook: the next `n` worker-thread spawns fail as if the OS had
     /// refused them (`EAGAIN`).
     #[doc(hidden)]
     pub fn __fail_next_thread_spawns(&self, n: usize) {
         self.inner().lock().inject_spawn_failures(n);
+    }
+}
+
+/// A weak handle to an [`Offloader`], from [`Offloader::downgrade`]: it
+/// does not keep the pool accepting work.
+#[derive(Clone)]
+pub struct WeakOffloader {
+    handle: std::sync::Weak<PoolHandle>,
+}
+
+impl WeakOffloader {
+    /// The pool, if some [`Offloader`] clone still keeps it open; `None`
+    /// once the last one was dropped (the pool then shuts down gracefully).
+    pub fn upgrade(&self) -> Option<Offloader> {
+        self.handle.upgrade().map(|handle| Offloader { handle })
+    }
+}
+
+impl fmt::Debug for WeakOffloader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakOffloader")
+            .field("open", &(self.handle.strong_count() > 0))
+            .finish()
     }
 }
 
@@ -341,8 +383,13 @@ impl Inner {
         }
     }
 
-    /// A graceful shutdown; `true` if this call started it.
+    /// A graceful shutdown; `true` if this call started it. The global
+    /// pool ignores it.
     pub(crate) fn shutdown(&self) -> bool {
+        if self.config.global {
+            tracing::debug!("the global offloader ignores shutdown requests");
+            return false;
+        }
         let mut after = After::default();
         let started = self.lock().begin_shutdown(&mut after);
         self.after(after);

@@ -97,7 +97,10 @@ impl Offloader {
     /// ```
     pub fn shutdown_now(&self) -> Vec<UnstartedJob> {
         let inner = self.inner();
-        inner.shutdown();
+        if !inner.shutdown() && !inner.lock().is_shutdown() {
+            // The global pool ignores shutdown requests.
+            return Vec::new();
+        }
         let mut after = After::default();
         // Inv. 3: `shutdown` is set, so nothing joins the queue after this.
         let Drained {
@@ -220,6 +223,18 @@ impl Offloader {
     pub async fn close(&self, graceful: Duration, after_stop: Duration) -> CloseReport {
         let began = Instant::now();
         let before = self.metrics();
+        if self.inner().config.global {
+            // The global pool ignores shutdown requests.
+            return CloseReport {
+                completed: 0,
+                panicked: 0,
+                unstarted: Vec::new(),
+                still_running: self.running_jobs(),
+                escalated: false,
+                terminated: false,
+                took: began.elapsed(),
+            };
+        }
         self.shutdown();
         let mut unstarted = Vec::new();
         let mut terminated = self.await_termination(graceful).await;

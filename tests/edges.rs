@@ -1,0 +1,471 @@
+//! The edges (issue 10): full-width drain after a graceful shutdown, honest
+//! backpressure, huge durations, bad names, panicking wakers, termination
+//! that joins, stop on a finished job, repeatable errors, a submit that
+//! keeps its timeout while waiting for room, the weak handle, the global
+//! pool ignoring shutdown. Every concurrent event is ordered by a gate or a
+//! signal; every wait is bounded.
+
+mod common;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Wake, Waker};
+use std::time::Duration;
+
+use common::{assert_ledger, gate, occupy, recv, signal, within, HANG};
+use offloader::{BuildError, Error, JobState, Offloader, Rejected};
+
+/// A rendezvous: `arrive(n)` blocks until `n` callers are inside at once
+/// (true) or [`HANG`] passes (false).
+#[derive(Default)]
+struct Meeting {
+    inside: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Meeting {
+    fn arrive(&self, n: usize) -> bool {
+        let mut inside = self.inside.lock().unwrap();
+        *inside += 1;
+        self.changed.notify_all();
+        let (inside, timeout) = self
+            .changed
+            .wait_timeout_while(inside, HANG, |inside| *inside < n)
+            .unwrap();
+        drop(inside);
+        !timeout.timed_out()
+    }
+}
+
+/// Item 1: after a graceful shutdown, queued jobs drain at the full
+/// `max_in_flight` width: eight queued jobs meet four at a time, which one
+/// thread could never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_drains_at_full_width() {
+    for round in 0..5 {
+        let pool = Offloader::builder().max_in_flight(4).build().unwrap();
+        let meeting = Arc::new(Meeting::default());
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let m = meeting.clone();
+                // Jobs 0–3 meet as four; jobs 4–7 arrive with 4 already
+                // counted, so they need only themselves to be there.
+                pool.offload(move |_| m.arrive(if i < 4 { 4 } else { 8 }))
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        pool.shutdown();
+        for (i, h) in handles.into_iter().enumerate() {
+            assert!(
+                within("a drained job", h).await.unwrap(),
+                "round {round}: job {i} never met its peers: the drain ran narrower than 4"
+            );
+        }
+        within("termination", pool.terminated()).await;
+        let m = pool.metrics();
+        assert_eq!((m.completed, m.max_running), (8, 4), "{m:?}");
+    }
+}
+
+/// Item 1, the last clone dropped and `close`: the same width.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_clone_and_close_drain_at_full_width() {
+    let pool = Offloader::builder().max_in_flight(4).build().unwrap();
+    let meeting = Arc::new(Meeting::default());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let m = meeting.clone();
+            pool.offload(move |_| m.arrive(4)).spawn().unwrap()
+        })
+        .collect();
+    drop(pool);
+    for h in handles {
+        assert!(within("drained after drop", h).await.unwrap());
+    }
+
+    let pool = Offloader::builder().max_in_flight(4).build().unwrap();
+    let meeting = Arc::new(Meeting::default());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let m = meeting.clone();
+            pool.offload(move |_| m.arrive(4)).spawn().unwrap()
+        })
+        .collect();
+    let report = within("close", pool.close(HANG, HANG)).await;
+    assert!(report.terminated && !report.escalated, "{report}");
+    assert_eq!(report.completed, 4);
+    for h in handles {
+        assert!(within("drained by close", h).await.unwrap());
+    }
+}
+
+/// Item 2: `queue_capacity` counts jobs *waiting for a permit*. On an idle
+/// pool with four permits and a capacity of one, five jobs are accepted back
+/// to back (four start, one waits) and the sixth is refused. Exact whatever
+/// the timing: a start moves a job from queued to running, and the bound is
+/// on their sum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_capacity_bounds_the_jobs_beyond_the_permits() {
+    let pool = Offloader::builder()
+        .max_in_flight(4)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    let mut gates = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..5 {
+        let (g, hold) = gate();
+        gates.push(g);
+        handles.push(pool.offload(move |_| hold.wait()).spawn().expect("room"));
+    }
+    let err = pool
+        .offload(|_| ())
+        .spawn()
+        .expect_err("4 running or about to, 1 waiting: full");
+    assert!(matches!(err.reason(), Rejected::Full { capacity: 1 }));
+    let m = pool.metrics();
+    assert_eq!((m.accepted, m.queued + m.running, m.rejected_full), (5, 5, 1));
+    for g in &mut gates {
+        g.open();
+    }
+    for h in handles {
+        within("job", h).await.unwrap();
+    }
+}
+
+/// Item 3: `Duration::MAX` (and other huge durations) everywhere a user
+/// gives one: no panic, no overflow, and it means "no limit".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_durations_mean_no_limit() {
+    let pool = Offloader::builder()
+        .keep_alive(Duration::MAX)
+        .stuck_after(Duration::MAX)
+        .build()
+        .unwrap();
+    for limit in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+        let h = pool.offload(|_| 1).with_timeout(limit).spawn().unwrap();
+        assert_eq!(within("spawned", h).await.unwrap(), 1);
+        let h = pool
+            .offload(|_| 2)
+            .with_timeout(limit)
+            .submit()
+            .await
+            .unwrap();
+        assert_eq!(within("submitted", h).await.unwrap(), 2);
+        let v = within("awaited", pool.offload(|_| 3).with_timeout(limit))
+            .await
+            .unwrap();
+        assert_eq!(v, 3);
+        let mut h = pool.offload(|_| 4).spawn().unwrap();
+        assert_eq!(within("wait_timeout", h.wait_timeout(limit)).await.unwrap(), 4);
+        let mut h = pool.offload(|_| 5).spawn().unwrap();
+        let v = tokio::task::spawn_blocking(move || h.blocking_wait_timeout(limit))
+            .await
+            .unwrap();
+        assert_eq!(v.unwrap(), 5);
+        let deadline_ok = pool
+            .offload(|stop| stop.remaining().is_none_or(|r| r > Duration::from_secs(3600)))
+            .with_timeout(limit);
+        assert!(within("deadline", deadline_ok).await.unwrap());
+    }
+    let report = within("close", pool.close(Duration::MAX, Duration::MAX)).await;
+    assert!(report.terminated, "{report}");
+    assert!(within("await_termination", pool.await_termination(Duration::MAX)).await);
+    assert!(pool.blocking_await_termination(Some(Duration::MAX)));
+}
+
+/// Item 4: a thread name with a NUL byte is refused at `build()`.
+#[test]
+fn a_thread_name_with_nul_is_a_build_error() {
+    let err = Offloader::builder()
+        .thread_name("io\0pool")
+        .build()
+        .unwrap_err();
+    assert!(matches!(&err, BuildError::ThreadName { name } if name == "io\0pool"));
+    assert!(err.to_string().contains("NUL"), "{err}");
+    let err = Offloader::builder()
+        .max_in_flight(usize::MAX)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, BuildError::TooManyInFlight { .. }), "{err}");
+}
+
+/// A waker whose `wake` panics; counts its calls.
+struct PanickingWaker(AtomicUsize);
+
+impl Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("a waker that panics on purpose");
+    }
+}
+
+/// Item 5: a waker that panics is foreign code; the panic is caught, the
+/// worker survives, the books stay right, and the pool goes on at
+/// `max_in_flight(1)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_waker_does_not_wedge_the_pool() {
+    common::quiet_intentional_panics();
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (mut g, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut job = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+            7
+        })
+        .spawn()
+        .unwrap();
+    recv("started", &mut started).await;
+    let waker_state = Arc::new(PanickingWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(waker_state.clone());
+    let mut cx = Context::from_waker(&waker);
+    assert!(Pin::new(&mut job).poll(&mut cx).is_pending());
+    g.open(); // the worker publishes the outcome and wakes the panicking waker
+    within("the pool idles", pool.idle()).await;
+    assert_eq!(waker_state.0.load(Ordering::SeqCst), 1);
+    assert_eq!(within("the outcome", job).await.unwrap(), 7);
+    let m = pool.metrics();
+    assert_eq!((m.running, m.completed, m.workers), (0, 1, 1), "{m:?}");
+    // The one permit is free and the worker alive: the next job runs.
+    assert_eq!(within("next job", pool.offload(|_| 8)).await.unwrap(), 8);
+
+    // A producer waiting for room, polled with a panicking waker, woken when
+    // a slot frees: caught too.
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    let (mut g, _blocker) = occupy(&pool).await;
+    let queued = pool.offload(|_| ()).spawn().unwrap();
+    let waiting = pool.offload(|_| 9).submit();
+    let mut waiting = pin!(waiting);
+    let waker_state = Arc::new(PanickingWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(waker_state.clone());
+    assert!(waiting
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    assert!(queued.cancel(), "frees the slot, waking the producer");
+    assert_eq!(waker_state.0.load(Ordering::SeqCst), 1);
+    let h = within("the producer gets in", waiting).await.unwrap();
+    g.open();
+    assert_eq!(within("its job", h).await.unwrap(), 9);
+    within("idle", pool.idle()).await;
+    assert_ledger(&pool.metrics());
+}
+
+thread_local! {
+    static EXIT_SIGNAL: RefCell<Option<ExitRecorder>> = const { RefCell::new(None) };
+}
+
+/// A thread-local whose destructor takes a while and then records that it
+/// ran.
+struct ExitRecorder {
+    exited: Arc<AtomicBool>,
+    release: std::sync::mpsc::Receiver<()>,
+}
+
+impl Drop for ExitRecorder {
+    fn drop(&mut self) {
+        // Waits (bounded) for the test to let the destructor finish, so the
+        // test knows the thread is still exiting while it checks.
+        let _ = self.release.recv_timeout(Duration::from_millis(50));
+        self.exited.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Item 6: termination means every pool thread was *joined*: a worker's
+/// thread-local destructors have run when `terminated()` returns, and
+/// `is_terminated()` is false while they still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn termination_waits_for_thread_local_destructors() {
+    for how in ["async", "blocking", "polling"] {
+        let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+        let exited = Arc::new(AtomicBool::new(false));
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let e = exited.clone();
+        pool.offload(move |_| {
+            EXIT_SIGNAL.with(|s| {
+                *s.borrow_mut() = Some(ExitRecorder {
+                    exited: e,
+                    release: release_rx,
+                })
+            });
+        })
+        .await
+        .unwrap();
+        pool.shutdown();
+        match how {
+            "async" => within("terminated", pool.terminated()).await,
+            "blocking" => {
+                let p = pool.clone();
+                let done =
+                    tokio::task::spawn_blocking(move || p.blocking_await_termination(Some(HANG)))
+                        .await
+                        .unwrap();
+                assert!(done);
+            }
+            _ => {
+                let p = pool.clone();
+                tokio::task::spawn_blocking(move || {
+                    let deadline = std::time::Instant::now() + HANG;
+                    while !p.is_terminated() {
+                        assert!(std::time::Instant::now() < deadline, "never terminated");
+                        std::thread::yield_now();
+                    }
+                })
+                .await
+                .unwrap();
+            }
+        }
+        assert!(
+            exited.load(Ordering::SeqCst),
+            "{how}: terminated before the worker's thread-locals were destroyed"
+        );
+        assert!(pool.is_terminated());
+        assert_eq!(pool.metrics().workers, 0);
+        drop(release_tx);
+    }
+}
+
+/// Item 8: `stop()` on a finished job is no request: `false`, not counted,
+/// the flag untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_on_a_finished_job_is_no_request() {
+    let pool = Offloader::builder().build().unwrap();
+    let mut h = pool.offload(|_| 1).spawn().unwrap();
+    assert_eq!(within("value", h.wait_timeout(HANG)).await.unwrap(), 1);
+    assert!(!h.stop());
+    assert!(!h.is_stop_requested());
+    assert!(!h.cancel());
+    assert_eq!(pool.metrics().stop_requests, 0);
+    // A cancelled (never started) job: terminal too.
+    let one = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (mut g, _b) = occupy(&one).await;
+    let queued = one.offload(|_| ()).spawn().unwrap();
+    assert!(queued.cancel());
+    assert!(!queued.stop());
+    assert_eq!(one.metrics().stop_requests, 0);
+    g.open();
+}
+
+/// Item 9: a `submit()` waiting for room keeps its `with_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_submit_keeps_its_timeout() {
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    let (mut g, _blocker) = occupy(&pool).await;
+    let _queued = pool.offload(|_| ()).spawn().unwrap();
+    let err = within(
+        "a submit bounded by its timeout",
+        pool.offload(|_| 5)
+            .with_timeout(Duration::from_millis(50))
+            .submit(),
+    )
+    .await
+    .expect_err("no room within the timeout");
+    match err.reason() {
+        Rejected::FullUntilTimeout { capacity: 1, waited } => {
+            assert!(*waited >= Duration::from_millis(50), "{waited:?}")
+        }
+        other => panic!("expected FullUntilTimeout, got {other:?}"),
+    }
+    assert_eq!(err.into_inner()(&offloader::StopToken::new()), 5);
+    assert_eq!(pool.metrics().rejected_full, 1);
+    g.open();
+}
+
+/// Item 10: an error outcome is returned again by every later wait; only a
+/// value is taken once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_outcomes_are_repeatable() {
+    common::quiet_intentional_panics();
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (mut g, _blocker) = occupy(&pool).await;
+    let mut cancelled = pool.offload(|_| ()).spawn().unwrap();
+    assert!(cancelled.cancel());
+    g.open();
+    for _ in 0..3 {
+        let e = within("cancelled", cancelled.wait_timeout(HANG)).await.unwrap_err();
+        assert!(matches!(e, Error::Cancelled { .. }), "{e:?}");
+    }
+    let e = cancelled.blocking_wait().unwrap_err();
+    assert!(matches!(e, Error::Cancelled { .. }), "{e:?}");
+
+    let mut panicked = pool
+        .offload(|_| -> u8 { panic!("a job that panics on purpose") })
+        .spawn()
+        .unwrap();
+    for _ in 0..3 {
+        let e = within("panicked", panicked.wait_timeout(HANG)).await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Panicked { message, .. } if message.contains("on purpose")),
+            "{e:?}"
+        );
+    }
+    let e = within("panicked, awaited", panicked).await.unwrap_err();
+    assert!(e.is_panic());
+
+    let mut value = pool.offload(|_| 3).spawn().unwrap();
+    assert_eq!(within("value", value.wait_timeout(HANG)).await.unwrap(), 3);
+    let e = within("taken", value.wait_timeout(HANG)).await.unwrap_err();
+    assert!(matches!(e, Error::OutcomeTaken { .. }), "{e:?}");
+}
+
+/// Item 12: an observer holding a weak handle does not keep its pool open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weak_handle_does_not_keep_the_pool_open() {
+    struct Holder(Mutex<Option<offloader::WeakOffloader>>, AtomicUsize);
+    impl offloader::Observer for Holder {
+        fn on_event(&self, _e: &offloader::JobEvent) {
+            let weak = self.0.lock().unwrap().clone();
+            if let Some(pool) = weak.and_then(|w| w.upgrade()) {
+                let _ = pool.metrics();
+                self.1.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+    let holder = Arc::new(Holder(Mutex::new(None), AtomicUsize::new(0)));
+    let pool = Offloader::builder().observer(holder.clone()).build().unwrap();
+    *holder.0.lock().unwrap() = Some(pool.downgrade());
+    within("a job", pool.offload(|_| ())).await.unwrap();
+    assert!(holder.1.load(Ordering::SeqCst) >= 1);
+    let weak = pool.downgrade();
+    let watcher = pool.clone();
+    drop(pool);
+    assert!(weak.upgrade().is_some(), "one clone left");
+    drop(watcher);
+    assert!(weak.upgrade().is_none(), "the last clone is gone");
+    assert!(format!("{weak:?}").contains("open: false"));
+}
+
+/// Item 14: the process-wide pool ignores shutdown requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_pool_ignores_shutdown() {
+    let global = Offloader::global();
+    global.shutdown();
+    assert!(global.shutdown_now().is_empty());
+    let report = within("close", global.close(Duration::ZERO, Duration::ZERO)).await;
+    assert!(!report.terminated && !report.escalated);
+    assert!(!global.is_shutdown());
+    assert_eq!(within("free function", offloader::offload(|_| 42)).await.unwrap(), 42);
+}
+
+/// The job state after each outcome, as a handle reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_handle_reports_its_terminal_state() {
+    let pool = Offloader::builder().build().unwrap();
+    let mut h = pool.offload(|_| ()).spawn().unwrap();
+    within("done", h.wait_timeout(HANG)).await.unwrap();
+    assert_eq!(h.state(), JobState::Completed);
+}

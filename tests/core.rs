@@ -136,10 +136,7 @@ async fn permit_is_held_for_the_functions_real_lifetime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_holds_under_timeouts_drops_and_cancels_with_several_permits() {
     const LIMIT: usize = 2;
-    let pool = Offloader::builder()
-        .max_in_flight(LIMIT)
-        .build()
-        .expect("valid");
+    let pool = pool(LIMIT, DEFAULT_QUEUE_CAPACITY);
     let conc = Concurrency::default();
     let (started_tx, mut started) = signal::<usize>();
     let mut gates = Vec::new();
@@ -819,11 +816,7 @@ async fn panics_with_str_and_non_string_payloads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thread_spawn_failure_hands_the_closure_back_and_does_not_poison() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .expect("valid");
+    let pool = pool(1, 1);
     pool.__fail_next_thread_spawns(1);
     let ran = flag();
     let r = ran.clone();
@@ -865,10 +858,7 @@ async fn thread_spawn_failure_hands_the_closure_back_and_does_not_poison() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thread_spawn_failure_loses_no_accepted_job() {
-    let pool = Offloader::builder()
-        .max_in_flight(2)
-        .build()
-        .expect("valid");
+    let pool = pool(2, DEFAULT_QUEUE_CAPACITY);
     let a = occupy(&pool, 1).await;
     pool.__fail_next_thread_spawns(1);
     let err = pool
@@ -971,11 +961,7 @@ async fn free_function_offload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_refuses_spawn_and_hands_the_closure_back() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .expect("valid");
+    let pool = pool(1, 1);
     let a = occupy(&pool, 1).await;
     let b = pool.offload(|_stop| "b").spawn().expect("one queue slot");
     let ran = flag();
@@ -1022,11 +1008,7 @@ async fn full_queue_refuses_spawn_and_hands_the_closure_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awaited_offload_waits_for_room_or_times_out() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .expect("valid");
+    let pool = pool(1, 1);
     let a = occupy(&pool, 1).await;
     let b = pool.offload(|_stop| "b").spawn().expect("one queue slot");
 

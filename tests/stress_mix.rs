@@ -6,20 +6,22 @@
 //!
 //! Set `OFFLOADER_STRESS_SEED=<u64>` to replay one seed.
 
-mod lifecycle_support;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lifecycle_support::*;
-use offloader::{AbandonPolicy, Error, Fate, Metrics, Offloader, Rejected, StopToken, Stopped};
+use offloader::{AbandonPolicy, Error, Fate, Metrics, Rejected, StopToken, Stopped};
+use support::*;
 
 const MAX_IN_FLIGHT: u64 = 4;
 const QUEUE_CAPACITY: u64 = 64;
 const JOBS: usize = 4_000;
-const PANIC_MARK: &str = "stress-mix panic";
+/// Message of the deliberate panics; contains `support::ON_PURPOSE`, so the
+/// panic hook keeps them quiet.
+const PANIC_MARK: &str = "stress-mix panic on purpose";
 /// Most caller tasks alive at once.
 const OUTSTANDING: usize = 96;
 
@@ -192,22 +194,6 @@ fn record(
     }
 }
 
-fn quiet_expected_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let expected = info
-                .payload()
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.contains(PANIC_MARK));
-            if !expected {
-                default(info);
-            }
-        }));
-    });
-}
-
 fn check_snapshot(m: &Metrics) -> Result<(), String> {
     if !m.ledger_balances() {
         return Err(format!("ledger does not balance: {m:?}"));
@@ -225,13 +211,9 @@ fn check_snapshot(m: &Metrics) -> Result<(), String> {
 }
 
 async fn run_mix(seed: u64) -> Vec<usize> {
-    quiet_expected_panics();
+    quiet_deliberate_panics();
     let mut rng = Rng::new(seed);
-    let pool = Offloader::builder()
-        .max_in_flight(MAX_IN_FLIGHT as usize)
-        .queue_capacity(QUEUE_CAPACITY as usize)
-        .build()
-        .expect("valid configuration");
+    let pool = pool(MAX_IN_FLIGHT as usize, QUEUE_CAPACITY as usize);
     let world = Arc::new(World::default());
 
     // The sampler: a plain thread, so it samples while runtime threads are

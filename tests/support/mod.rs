@@ -37,10 +37,16 @@ const HOLD_LIMIT: Duration = Duration::from_secs(3 * HANG.as_secs());
 
 /// Awaits `fut`, failing the test if it takes longer than [`HANG`].
 pub(crate) async fn within<F: IntoFuture>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(HANG, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("hung for {HANG:?} waiting for: {what}"),
-    }
+    try_within(what, fut)
+        .await
+        .unwrap_or_else(|hung| panic!("{hung}"))
+}
+
+/// [`within`] that returns the failure message instead, for a caller that fails with more context.
+pub(crate) async fn try_within<F: IntoFuture>(what: &str, fut: F) -> Result<F::Output, String> {
+    tokio::time::timeout(HANG, fut)
+        .await
+        .map_err(|_| format!("hung for {HANG:?} waiting for: {what}"))
 }
 
 /// Runs `f` on a helper thread, failing the test if it takes longer than [`HANG`].

@@ -1074,16 +1074,14 @@ fn one_offloader_from_several_runtimes_and_plain_threads() {
         .thread_name("fault-multi")
         .build()
         .expect("valid");
-    let inside = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let inside = Concurrency::default();
     let job = {
         let inside = inside.clone();
         move |v: u64| {
             let inside = inside.clone();
             move |_: &StopToken| {
-                let n = inside.0.fetch_add(1, Ordering::SeqCst) + 1;
-                inside.1.fetch_max(n, Ordering::SeqCst);
+                let _in = inside.enter();
                 std::thread::yield_now();
-                inside.0.fetch_sub(1, Ordering::SeqCst);
                 v
             }
         }
@@ -1234,10 +1232,7 @@ fn one_offloader_from_several_runtimes_and_plain_threads() {
     let m = pool.metrics();
     assert_closed_books(&m);
     assert_eq!(m.completed, 6 * PER + crossed, "{m:?}");
-    assert!(
-        inside.1.load(Ordering::SeqCst) <= MAX && m.max_running <= MAX as u64,
-        "{m:?}"
-    );
+    assert!(inside.max() <= MAX && m.max_running <= MAX as u64, "{m:?}");
     // A late caller from a plain thread is told why it was refused.
     let late = pool.offload(|_| 0).spawn().expect_err("terminated");
     assert!(

@@ -83,38 +83,15 @@ enum Mode {
     Submit,
 }
 
-/// Shared between the functions and the checks.
-#[derive(Default)]
-struct World {
-    in_flight: AtomicU64,
-    max_in_flight_seen: AtomicU64,
-}
-
-struct InFlight<'a>(&'a World);
-
-impl<'a> InFlight<'a> {
-    fn enter(world: &'a World) -> Self {
-        let now = world.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        world.max_in_flight_seen.fetch_max(now, Ordering::SeqCst);
-        InFlight(world)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 fn body(
     work: Work,
     idx: usize,
     runs: &AtomicU32,
-    world: &World,
+    conc: &Concurrency,
     stop: &StopToken,
 ) -> Result<usize, Stopped> {
     runs.fetch_add(1, Ordering::SeqCst);
-    let _in = InFlight::enter(world);
+    let _in = conc.enter();
     match work {
         Work::Quick => Ok(idx),
         Work::Sleep(us) => {
@@ -214,7 +191,7 @@ async fn run_mix(seed: u64) -> Vec<usize> {
     quiet_deliberate_panics();
     let mut rng = Rng::new(seed);
     let pool = pool(MAX_IN_FLIGHT as usize, QUEUE_CAPACITY as usize);
-    let world = Arc::new(World::default());
+    let conc = Concurrency::default();
 
     // The sampler: a plain thread, so it samples while runtime threads are
     // busy too.
@@ -304,8 +281,8 @@ async fn run_mix(seed: u64) -> Vec<usize> {
             _ => Mode::Submit,
         };
         let rec = rec.clone();
-        let w = world.clone();
-        let f = move |stop: &StopToken| body(work, idx, &rec.runs, &w, stop);
+        let c = conc.clone();
+        let f = move |stop: &StopToken| body(work, idx, &rec.runs, &c, stop);
         attempts.fetch_add(1, Ordering::SeqCst);
 
         match mode {
@@ -521,13 +498,13 @@ async fn run_mix(seed: u64) -> Vec<usize> {
         m.rejected_shutdown > 0 || shutdown_at == JOBS - 1,
         "seed {seed}: {m:?}"
     );
-    let seen_max = world.max_in_flight_seen.load(Ordering::SeqCst);
+    let seen_max = conc.max() as u64;
     assert!(
         seen_max <= MAX_IN_FLIGHT,
         "seed {seed}: {seen_max} functions ran at once"
     );
     assert!(m.max_running <= MAX_IN_FLIGHT, "seed {seed}: {m:?}");
-    assert_eq!(world.in_flight.load(Ordering::SeqCst), 0);
+    assert_eq!(conc.now(), 0);
 
     let mut tally: Vec<_> = tally.into_iter().collect();
     tally.sort();

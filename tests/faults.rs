@@ -1068,9 +1068,7 @@ fn a_runtime_dropped_while_callers_wait() {
 fn one_offloader_from_several_runtimes_and_plain_threads() {
     const PER: u64 = 200;
     const MAX: usize = 3;
-    let pool = Offloader::builder()
-        .max_in_flight(MAX)
-        .queue_capacity(256)
+    let pool = builder(MAX, 256)
         .thread_name("fault-multi")
         .build()
         .expect("valid");
@@ -1383,11 +1381,7 @@ fn child_a_million_dropped_handles() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let pool = Offloader::builder()
-            .max_in_flight(4)
-            .queue_capacity(4096)
-            .build()
-            .expect("valid");
+        let pool = pool(4, 4096);
         // Warm-up: threads, the queue's buffer, the allocator's arenas.
         for i in 0..20_000u64 {
             drop(pool.offload(move |_| i).submit().await.expect("room"));

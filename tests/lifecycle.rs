@@ -1293,9 +1293,7 @@ async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back()
 async fn dropping_the_last_clone_shuts_down_gracefully_without_blocking() {
     // At most 15 bytes: Linux truncates thread names there.
     const THREAD: &str = "drop-last-wkr";
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(8)
+    let pool = builder(1, 8)
         .thread_name(THREAD)
         // Only a shutdown can make the worker exit within this test.
         .keep_alive(Duration::from_secs(3600))

@@ -64,7 +64,7 @@ use offloader::{
 };
 use proptest::prelude::*;
 // Not a glob: this file's SHORT (1 ms) is its own.
-use support::{gate, poll_once, quiet_deliberate_panics, try_within, Gate, Hold, HANG};
+use support::{builder, gate, poll_once, quiet_deliberate_panics, try_within, Gate, Hold, HANG};
 
 /// A caller time-out that fires while the job waits on a closed gate.
 const SHORT: Duration = Duration::from_millis(1);
@@ -755,9 +755,7 @@ macro_rules! ensure {
 
 impl Harness {
     fn new(cfg: Cfg, model_cfg: Cfg) -> Harness {
-        let mut b = Offloader::builder()
-            .max_in_flight(cfg.max_in_flight)
-            .queue_capacity(cfg.queue_capacity)
+        let mut b = builder(cfg.max_in_flight, cfg.queue_capacity)
             .abandon_policy(cfg.policy)
             .thread_name("model");
         if cfg.short_keep_alive {

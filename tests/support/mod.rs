@@ -24,12 +24,10 @@ pub(crate) const HANG: Duration = Duration::from_secs(20);
 /// A short bound, used only while what it waits for is held on a gate.
 pub(crate) const SHORT: Duration = Duration::from_millis(30);
 
-/// Panics whose message contains this are deliberate (see [`quiet_deliberate_panics`]).
+/// Marks a deliberate panic's message, for [`quiet_deliberate_panics`].
 pub(crate) const ON_PURPOSE: &str = "on purpose";
 
-/// How long a held function waits for its gate at most: longer than any
-/// test-side wait, so a test that never opens its gate fails on its own
-/// bound first, and no worker thread is held forever.
+/// The most a held function waits for its gate: past every test-side bound, yet finite.
 const HOLD_LIMIT: Duration = Duration::from_secs(3 * HANG.as_secs());
 
 // ---------------------------------------------------------------------------
@@ -42,7 +40,7 @@ pub(crate) async fn within<F: IntoFuture>(what: &str, fut: F) -> F::Output {
         .unwrap_or_else(|hung| panic!("{hung}"))
 }
 
-/// [`within`] that returns the failure message instead, for a caller that fails with more context.
+/// [`within`] returning the failure message, for a caller that fails with more context.
 pub(crate) async fn try_within<F: IntoFuture>(what: &str, fut: F) -> Result<F::Output, String> {
     tokio::time::timeout(HANG, fut)
         .await
@@ -64,12 +62,12 @@ pub(crate) fn within_blocking<T: Send + 'static>(
     }
 }
 
-/// `true` if `fut` is still pending after [`SHORT`]; only while what it waits for is held.
+/// `true` if `fut` is still pending after [`SHORT`] (only while what it awaits is held).
 pub(crate) async fn still_pending<F: IntoFuture>(fut: F) -> bool {
     tokio::time::timeout(SHORT, fut).await.is_err()
 }
 
-/// Waits until `cond` holds, failing the test after [`HANG`] (a wait for a condition, not an ordering by sleep).
+/// Waits until `cond` holds (a condition, not an ordering by sleep), failing after [`HANG`].
 pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + HANG;
     while !cond() {
@@ -107,7 +105,7 @@ pub(crate) fn gate() -> (Gate, Hold) {
     (Gate(state.clone()), Hold(state))
 }
 
-/// The test's end of a gate; dropping it opens the gate, so a failing test leaves no function held.
+/// The test's end of a gate; dropping it opens it, so a failing test holds no worker.
 #[derive(Debug)]
 pub(crate) struct Gate(Arc<GateState>);
 
@@ -140,7 +138,7 @@ impl Hold {
         self.wait_until(|| false);
     }
 
-    /// Blocks until the gate opens or stop is requested on `stop`; returns `stop.is_stopped()`.
+    /// Blocks until the gate opens or stop is requested; returns `stop.is_stopped()`.
     pub(crate) fn wait_or_stop(&self, stop: &StopToken) -> bool {
         let state = self.0.clone();
         let _wake = stop.on_stop(move || {
@@ -243,7 +241,7 @@ impl Drop for InFlight {
 // ---------------------------------------------------------------------------
 // Pools
 
-/// The builder behind [`pool`], for a test that also sets a thread name, an observer, ...
+/// [`pool`]'s builder, for a test that also sets a thread name, an observer, ...
 pub(crate) fn builder(max_in_flight: usize, queue_capacity: usize) -> Builder {
     Offloader::builder()
         .max_in_flight(max_in_flight)
@@ -278,7 +276,7 @@ impl Occupied {
     }
 }
 
-/// Takes `permits` permits with functions named "blocker" that wait on one gate; returns once all of them run.
+/// Fills `permits` permits with "blocker" functions held on one gate; returns once all run.
 pub(crate) async fn occupy(pool: &Offloader, permits: usize) -> Occupied {
     let (gate, hold) = gate();
     let (tx, mut rx) = signal();
@@ -300,11 +298,10 @@ pub(crate) async fn occupy(pool: &Offloader, permits: usize) -> Occupied {
     Occupied { gate, handles }
 }
 
-/// On a `max_in_flight(1)` pool, waits until every job accepted before this
-/// call is terminal *and* counted: the one worker takes jobs in order and
-/// counts each before publishing it, so once this no-op job's outcome is
-/// here, everything ahead of it is done.
+/// On a one-permit pool, waits until every job accepted before is terminal *and* counted.
 pub(crate) async fn drain_single(pool: &Offloader) {
+    // The one worker takes jobs in order and counts each before publishing
+    // it: once this no-op job's outcome is here, everything ahead is done.
     within(
         "a barrier job on a single-worker pool",
         pool.offload(|_stop| ()),
@@ -326,7 +323,7 @@ pub(crate) fn assert_ledger(m: &Metrics) {
     );
 }
 
-/// Threads of this process named `name` (Linux truncates names to 15 bytes); 0 without `/proc`.
+/// Threads of this process named `name` (at most 15 bytes on Linux); 0 without `/proc`.
 pub(crate) fn threads_named(name: &str) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return 0;
@@ -343,7 +340,7 @@ pub(crate) fn threads_named(name: &str) -> usize {
 // ---------------------------------------------------------------------------
 // Output
 
-/// Keeps deliberate panics out of the output: a message containing [`ON_PURPOSE`], or a non-string `panic_any` payload.
+/// Hides deliberate panics: a message containing [`ON_PURPOSE`], or a non-string payload.
 pub(crate) fn quiet_deliberate_panics() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

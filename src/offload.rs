@@ -149,9 +149,9 @@ where
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
-        let wait_until = self
-            .timeout
-            .map(|limit| tokio::time::Instant::from_std(crate::clock::deadline_after(began, limit)));
+        let wait_until = self.timeout.map(|limit| {
+            tokio::time::Instant::from_std(crate::clock::deadline_after(began, limit))
+        });
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between

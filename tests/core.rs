@@ -7,26 +7,18 @@
 //! "the function may return" is a gate the test opens. The short caller
 //! timeouts only bound waits on functions that are held on a gate.
 
-mod common;
+mod support;
 
 use std::future::IntoFuture;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use common::*;
 use offloader::{
     AbandonPolicy, Error, Fate, JobId, JobState, Metrics, OffloadFuture, Offloader, Rejected,
-    StopToken,
+    StopToken, DEFAULT_QUEUE_CAPACITY,
 };
+use support::*;
 use tokio::sync::mpsc::error::TryRecvError;
-
-fn single() -> Offloader {
-    Offloader::builder()
-        .max_in_flight(1)
-        .build()
-        .expect("valid configuration")
-}
 
 fn timed_out_parts(err: &Error) -> (JobId, JobState, Fate) {
     match err {
@@ -46,7 +38,7 @@ where
 {
     let mut fut = Box::pin(fut);
     assert!(
-        !poll_once(fut.as_mut()).await,
+        poll_once(fut.as_mut()).await.is_pending(),
         "the offload finished on its first poll, but its function is held on a gate"
     );
     let id = fut
@@ -55,23 +47,18 @@ where
     (fut, id)
 }
 
-fn flag() -> (Arc<AtomicBool>, Arc<AtomicBool>) {
-    let f = Arc::new(AtomicBool::new(false));
-    (f.clone(), f)
-}
-
 // ---------------------------------------------------------------------------
 // 1. Permit = real lifetime
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_is_held_for_the_functions_real_lifetime() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let conc = Concurrency::default();
     let (started_tx, mut started) = signal::<&'static str>();
 
     // First job: held on a gate; its caller gives up waiting.
-    let (mut gate_a, hold_a) = gate();
+    let (gate_a, hold_a) = gate();
     let (c, tx) = (conc.clone(), started_tx.clone());
     let (first, first_id) = accepted(
         pool.offload(move |_stop| {
@@ -149,10 +136,7 @@ async fn permit_is_held_for_the_functions_real_lifetime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_holds_under_timeouts_drops_and_cancels_with_several_permits() {
     const LIMIT: usize = 2;
-    let pool = Offloader::builder()
-        .max_in_flight(LIMIT)
-        .build()
-        .expect("valid");
+    let pool = pool(LIMIT, DEFAULT_QUEUE_CAPACITY);
     let conc = Concurrency::default();
     let (started_tx, mut started) = signal::<usize>();
     let mut gates = Vec::new();
@@ -229,9 +213,10 @@ struct QueuedTimeout {
 }
 
 async fn timeout_while_queued(policy: AbandonPolicy) -> QueuedTimeout {
-    let pool = single();
-    let (mut blocker_gate, blocker) = occupy(&pool).await;
-    let (ran, r) = flag();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
+    let ran = flag();
+    let r = ran.clone();
     let (fut, id) = accepted(
         pool.offload(move |_stop| r.store(true, Ordering::SeqCst))
             .with_timeout(SHORT)
@@ -243,8 +228,7 @@ async fn timeout_while_queued(policy: AbandonPolicy) -> QueuedTimeout {
         .await
         .expect_err("the only worker is held, so the job cannot finish");
     let after_timeout = pool.metrics();
-    blocker_gate.open();
-    within("blocker", blocker).await.expect("blocker completes");
+    blocker.release().await;
     drain_single(&pool).await;
     QueuedTimeout {
         err,
@@ -324,12 +308,12 @@ struct RunningAbandon {
 /// request, reports which, then waits on a second gate before returning.
 /// The caller leaves (time-out if `timeout`, else drop) while it is held.
 async fn leave_while_running(policy: AbandonPolicy, timeout: bool) -> RunningAbandon {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let conc = Concurrency::default();
     let (started_tx, mut started) = signal::<&'static str>();
     let (report_tx, mut report) = signal::<bool>();
-    let (mut gate1, hold1) = gate();
-    let (mut gate2, hold2) = gate();
+    let (gate1, hold1) = gate();
+    let (gate2, hold2) = gate();
     let (c, tx) = (conc.clone(), started_tx.clone());
     let mut offload = pool
         .offload(move |stop| {
@@ -472,8 +456,9 @@ async fn timeout_while_running_cancel_and_stop_sets_the_stop_token() {
 // ---------------------------------------------------------------------------
 
 async fn drop_while_queued(policy: AbandonPolicy, pool: Offloader) -> (bool, Metrics, Metrics) {
-    let (mut blocker_gate, blocker) = occupy(&pool).await;
-    let (ran, r) = flag();
+    let blocker = occupy(&pool, 1).await;
+    let ran = flag();
+    let r = ran.clone();
     let mut offload = pool.offload(move |_stop| r.store(true, Ordering::SeqCst));
     if let Some(p) = Some(policy).filter(|_| policy != AbandonPolicy::Keep) {
         offload = offload.on_abandon(p);
@@ -483,15 +468,15 @@ async fn drop_while_queued(policy: AbandonPolicy, pool: Offloader) -> (bool, Met
     assert_eq!((m.running, m.queued), (1, 1), "{m:?}");
     drop(fut);
     let after_drop = pool.metrics();
-    blocker_gate.open();
-    within("blocker", blocker).await.expect("completes");
+    blocker.release().await;
     drain_single(&pool).await;
     (ran.load(Ordering::SeqCst), after_drop, pool.metrics())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_while_queued_keep_runs_it() {
-    let (ran, after_drop, end) = drop_while_queued(AbandonPolicy::Keep, single()).await;
+    let (ran, after_drop, end) =
+        drop_while_queued(AbandonPolicy::Keep, pool(1, DEFAULT_QUEUE_CAPACITY)).await;
     assert!(ran, "Keep: a dropped caller's job still runs");
     assert_eq!(after_drop.queued, 1, "{after_drop:?}");
     assert_eq!(after_drop.callers_dropped, 1, "{after_drop:?}");
@@ -505,7 +490,11 @@ async fn drop_while_queued_keep_runs_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_while_queued_cancel_if_queued_never_runs() {
-    let (ran, after_drop, end) = drop_while_queued(AbandonPolicy::CancelIfQueued, single()).await;
+    let (ran, after_drop, end) = drop_while_queued(
+        AbandonPolicy::CancelIfQueued,
+        pool(1, DEFAULT_QUEUE_CAPACITY),
+    )
+    .await;
     assert!(
         !ran,
         "CancelIfQueued: a dropped caller's queued job never runs"
@@ -520,7 +509,11 @@ async fn drop_while_queued_cancel_if_queued_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_while_queued_cancel_and_stop_never_runs() {
-    let (ran, after_drop, end) = drop_while_queued(AbandonPolicy::CancelAndStop, single()).await;
+    let (ran, after_drop, end) = drop_while_queued(
+        AbandonPolicy::CancelAndStop,
+        pool(1, DEFAULT_QUEUE_CAPACITY),
+    )
+    .await;
     assert!(
         !ran,
         "CancelAndStop: a dropped caller's queued job never runs"
@@ -562,8 +555,9 @@ async fn drop_while_running_cancel_and_stop_sets_the_stop_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_an_unpolled_offload_submits_nothing() {
-    let pool = single();
-    let (ran, r) = flag();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let ran = flag();
+    let r = ran.clone();
     let fut = pool
         .offload(move |_stop| r.store(true, Ordering::SeqCst))
         .into_future();
@@ -581,10 +575,10 @@ async fn dropping_an_unpolled_offload_submits_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn function_ignoring_its_stop_token_keeps_its_permit() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let conc = Concurrency::default();
     let (started_tx, mut started) = signal::<&'static str>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let (c, tx) = (conc.clone(), started_tx.clone());
     let a = pool
         .offload(move |_stop| {
@@ -632,9 +626,10 @@ async fn function_ignoring_its_stop_token_keeps_its_permit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_before_start_means_never_run() {
-    let pool = single();
-    let (mut blocker_gate, blocker) = occupy(&pool).await;
-    let (ran, r) = flag();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
+    let ran = flag();
+    let r = ran.clone();
     let b = pool
         .offload(move |_stop| r.store(true, Ordering::SeqCst))
         .spawn()
@@ -656,8 +651,7 @@ async fn cancel_before_start_means_never_run() {
     );
     assert!(err.is_cancelled());
 
-    blocker_gate.open();
-    within("blocker", blocker).await.unwrap();
+    blocker.release().await;
     drain_single(&pool).await;
     assert!(!ran.load(Ordering::SeqCst), "a cancelled job ran");
     let m = pool.metrics();
@@ -667,10 +661,11 @@ async fn cancel_before_start_means_never_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_after_start_returns_false_and_the_function_keeps_running() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
-    let (done, d) = flag();
+    let (g, hold) = gate();
+    let done = flag();
+    let d = done.clone();
     let a = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -698,11 +693,11 @@ async fn cancel_after_start_returns_false_and_the_function_keeps_running() {
 /// says stop is requested "by JobHandle::cancel on a running job".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_after_start_sets_the_stop_token() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
     let (saw_tx, mut saw_stop) = signal::<bool>();
-    let (mut g, hold) = gate();
-    let (mut after, hold_after) = gate();
+    let (g, hold) = gate();
+    let (after, hold_after) = gate();
     let a = pool
         .offload(move |stop| {
             started_tx.send(()).expect("test alive");
@@ -740,11 +735,11 @@ async fn cancel_after_start_sets_the_stop_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panic_is_a_result_and_the_worker_survives() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (tid_tx, mut tid) = signal::<std::thread::ThreadId>();
     let tx = tid_tx.clone();
     let (fut, id) = {
-        let (mut blocker_gate, blocker) = occupy(&pool).await;
+        let blocker = occupy(&pool, 1).await;
         let queued = accepted(
             pool.offload(move |_stop| -> u32 {
                 tx.send(std::thread::current().id()).expect("test alive");
@@ -753,8 +748,7 @@ async fn panic_is_a_result_and_the_worker_survives() {
             .into_future(),
         )
         .await;
-        blocker_gate.open();
-        within("blocker", blocker).await.unwrap();
+        blocker.release().await;
         queued
     };
     let err = within("panicking job", fut).await.unwrap_err();
@@ -796,7 +790,7 @@ async fn panic_is_a_result_and_the_worker_survives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panics_with_str_and_non_string_payloads() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let h = pool
         .offload(|_stop| -> () { panic!("static str payload") })
         .spawn()
@@ -822,13 +816,10 @@ async fn panics_with_str_and_non_string_payloads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thread_spawn_failure_hands_the_closure_back_and_does_not_poison() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .expect("valid");
+    let pool = pool(1, 1);
     pool.__fail_next_thread_spawns(1);
-    let (ran, r) = flag();
+    let ran = flag();
+    let r = ran.clone();
     let err = pool
         .offload(move |_stop| {
             r.store(true, Ordering::SeqCst);
@@ -870,11 +861,8 @@ async fn thread_spawn_failure_hands_the_closure_back_and_does_not_poison() {
 /// `spawn_failures` (issue 10, item 15).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thread_spawn_failure_queues_the_job_for_a_busy_worker() {
-    let pool = Offloader::builder()
-        .max_in_flight(2)
-        .build()
-        .expect("valid");
-    let (mut g, a) = occupy(&pool).await;
+    let pool = pool(2, DEFAULT_QUEUE_CAPACITY);
+    let a = occupy(&pool, 1).await;
     pool.__fail_next_thread_spawns(1);
     let b = pool
         .offload(|_stop| "b")
@@ -918,8 +906,7 @@ async fn thread_spawn_failure_queues_the_job_for_a_busy_worker() {
     assert_eq!((m.rejected_spawn, m.spawn_failures), (1, 1), "{m:?}");
 
     // The busy worker comes back for the queued job.
-    g.open();
-    within("accepted job a", a).await.expect("a completes");
+    a.release().await;
     assert_eq!(within("b", b).await.unwrap(), "b");
     let m = pool.metrics();
     assert_eq!(
@@ -952,7 +939,7 @@ async fn free_function_offload() {
 
     // And a timeout that fires while the function is held.
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let (fut, id) = accepted(
         offloader::offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -983,14 +970,11 @@ async fn free_function_offload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_refuses_spawn_and_hands_the_closure_back() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .expect("valid");
-    let (mut g, a) = occupy(&pool).await;
+    let pool = pool(1, 1);
+    let a = occupy(&pool, 1).await;
     let b = pool.offload(|_stop| "b").spawn().expect("one queue slot");
-    let (ran, r) = flag();
+    let ran = flag();
+    let r = ran.clone();
     let err = pool
         .offload(move |_stop| {
             r.store(true, Ordering::SeqCst);
@@ -1023,8 +1007,7 @@ async fn full_queue_refuses_spawn_and_hands_the_closure_back() {
         .offload(|_stop| "d")
         .spawn()
         .expect("the slot was freed");
-    g.open();
-    within("a", a).await.unwrap();
+    a.release().await;
     assert_eq!(within("d", d).await.unwrap(), "d");
     assert!(within("b", b).await.unwrap_err().is_cancelled());
     let m = pool.metrics();
@@ -1034,16 +1017,13 @@ async fn full_queue_refuses_spawn_and_hands_the_closure_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awaited_offload_waits_for_room_or_times_out() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .expect("valid");
-    let (mut g, a) = occupy(&pool).await;
+    let pool = pool(1, 1);
+    let a = occupy(&pool, 1).await;
     let b = pool.offload(|_stop| "b").spawn().expect("one queue slot");
 
     // Bounded wait for room: refused, never accepted, never run.
-    let (ran, r) = flag();
+    let ran = flag();
+    let r = ran.clone();
     let e = within(
         "wait for room with a timeout",
         pool.offload(move |_stop| r.store(true, Ordering::SeqCst))
@@ -1062,13 +1042,13 @@ async fn awaited_offload_waits_for_room_or_times_out() {
 
     // Unbounded wait for room: backpressure, then accepted once room frees.
     let mut d = Box::pin(pool.offload(|_stop| "d").into_future());
-    assert!(!poll_once(d.as_mut()).await);
+    assert!(poll_once(d.as_mut()).await.is_pending());
     assert_eq!(d.job_id(), None, "not accepted while the queue is full");
     let m = pool.metrics();
     assert_eq!((m.accepted, m.queued), (2, 1), "{m:?}");
-    g.open();
+    a.gate.open();
     assert_eq!(within("d after room frees", d).await.unwrap(), "d");
-    within("a", a).await.unwrap();
+    a.release().await;
     assert_eq!(within("b", b).await.unwrap(), "b");
     assert!(!ran.load(Ordering::SeqCst));
     let m = pool.metrics();
@@ -1083,9 +1063,10 @@ async fn awaited_offload_waits_for_room_or_times_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_runs_queued_work_and_refuses_new_work() {
-    let pool = single();
-    let (mut g, a) = occupy(&pool).await;
-    let (ran, r) = flag();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let a = occupy(&pool, 1).await;
+    let ran = flag();
+    let r = ran.clone();
     let b = pool
         .offload(move |_stop| r.store(true, Ordering::SeqCst))
         .spawn()
@@ -1101,8 +1082,7 @@ async fn graceful_shutdown_runs_queued_work_and_refuses_new_work() {
     assert!(matches!(err.reason(), Rejected::ShuttingDown), "{err:?}");
     assert_eq!(err.into_inner()(&StopToken::new()), "late");
 
-    g.open();
-    within("a", a).await.unwrap();
+    a.release().await;
     within("b", b).await.unwrap();
     assert!(ran.load(Ordering::SeqCst), "queued work still runs");
     let m = pool.metrics();
@@ -1112,7 +1092,7 @@ async fn graceful_shutdown_runs_queued_work_and_refuses_new_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_refusals_are_counted_in_the_metrics() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     pool.shutdown();
     let err = pool.offload(|_stop| ()).spawn().expect_err("refused");
     assert!(matches!(err.reason(), Rejected::ShuttingDown));

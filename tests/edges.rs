@@ -5,7 +5,7 @@
 //! pool ignoring shutdown. Every concurrent event is ordered by a gate or a
 //! signal; every wait is bounded.
 
-mod common;
+mod support;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -15,8 +15,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
-use common::{assert_ledger, gate, occupy, recv, signal, within, HANG};
 use offloader::{BuildError, Error, JobState, Offloader, Rejected};
+use support::{assert_ledger, gate, occupy, recv, signal, within, HANG};
 
 /// A rendezvous: `arrive(n)` blocks until `n` callers are inside at once
 /// (true) or [`HANG`] passes (false).
@@ -128,8 +128,11 @@ async fn queue_capacity_bounds_the_jobs_beyond_the_permits() {
         .expect_err("4 running or about to, 1 waiting: full");
     assert!(matches!(err.reason(), Rejected::Full { capacity: 1 }));
     let m = pool.metrics();
-    assert_eq!((m.accepted, m.queued + m.running, m.rejected_full), (5, 5, 1));
-    for g in &mut gates {
+    assert_eq!(
+        (m.accepted, m.queued + m.running, m.rejected_full),
+        (5, 5, 1)
+    );
+    for g in &gates {
         g.open();
     }
     for h in handles {
@@ -161,14 +164,20 @@ async fn huge_durations_mean_no_limit() {
             .unwrap();
         assert_eq!(v, 3);
         let mut h = pool.offload(|_| 4).spawn().unwrap();
-        assert_eq!(within("wait_timeout", h.wait_timeout(limit)).await.unwrap(), 4);
+        assert_eq!(
+            within("wait_timeout", h.wait_timeout(limit)).await.unwrap(),
+            4
+        );
         let mut h = pool.offload(|_| 5).spawn().unwrap();
         let v = tokio::task::spawn_blocking(move || h.blocking_wait_timeout(limit))
             .await
             .unwrap();
         assert_eq!(v.unwrap(), 5);
         let deadline_ok = pool
-            .offload(|stop| stop.remaining().is_none_or(|r| r > Duration::from_secs(3600)))
+            .offload(|stop| {
+                stop.remaining()
+                    .is_none_or(|r| r > Duration::from_secs(3600))
+            })
             .with_timeout(limit);
         assert!(within("deadline", deadline_ok).await.unwrap());
     }
@@ -209,9 +218,9 @@ impl Wake for PanickingWaker {
 /// `max_in_flight(1)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_waker_does_not_wedge_the_pool() {
-    common::quiet_intentional_panics();
+    support::quiet_deliberate_panics();
     let pool = Offloader::builder().max_in_flight(1).build().unwrap();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let (tx, mut started) = signal();
     let mut job = pool
         .offload(move |_| {
@@ -242,7 +251,7 @@ async fn a_panicking_waker_does_not_wedge_the_pool() {
         .queue_capacity(1)
         .build()
         .unwrap();
-    let (mut g, _blocker) = occupy(&pool).await;
+    let occupied = occupy(&pool, 1).await;
     let queued = pool.offload(|_| ()).spawn().unwrap();
     let waiting = pool.offload(|_| 9).submit();
     let mut waiting = pin!(waiting);
@@ -255,7 +264,7 @@ async fn a_panicking_waker_does_not_wedge_the_pool() {
     assert!(queued.cancel(), "frees the slot, waking the producer");
     assert_eq!(waker_state.0.load(Ordering::SeqCst), 1);
     let h = within("the producer gets in", waiting).await.unwrap();
-    g.open();
+    occupied.release().await;
     assert_eq!(within("its job", h).await.unwrap(), 9);
     within("idle", pool.idle()).await;
     assert_ledger(&pool.metrics());
@@ -348,12 +357,12 @@ async fn stop_on_a_finished_job_is_no_request() {
     assert_eq!(pool.metrics().stop_requests, 0);
     // A cancelled (never started) job: terminal too.
     let one = Offloader::builder().max_in_flight(1).build().unwrap();
-    let (mut g, _b) = occupy(&one).await;
+    let occupied = occupy(&one, 1).await;
     let queued = one.offload(|_| ()).spawn().unwrap();
     assert!(queued.cancel());
     assert!(!queued.stop());
     assert_eq!(one.metrics().stop_requests, 0);
-    g.open();
+    occupied.release().await;
 }
 
 /// Item 9: a `submit()` waiting for room keeps its `with_timeout`.
@@ -364,7 +373,7 @@ async fn a_waiting_submit_keeps_its_timeout() {
         .queue_capacity(1)
         .build()
         .unwrap();
-    let (mut g, _blocker) = occupy(&pool).await;
+    let occupied = occupy(&pool, 1).await;
     let _queued = pool.offload(|_| ()).spawn().unwrap();
     let err = within(
         "a submit bounded by its timeout",
@@ -375,28 +384,33 @@ async fn a_waiting_submit_keeps_its_timeout() {
     .await
     .expect_err("no room within the timeout");
     match err.reason() {
-        Rejected::FullUntilTimeout { capacity: 1, waited } => {
+        Rejected::FullUntilTimeout {
+            capacity: 1,
+            waited,
+        } => {
             assert!(*waited >= Duration::from_millis(50), "{waited:?}")
         }
         other => panic!("expected FullUntilTimeout, got {other:?}"),
     }
     assert_eq!(err.into_inner()(&offloader::StopToken::new()), 5);
     assert_eq!(pool.metrics().rejected_full, 1);
-    g.open();
+    occupied.release().await;
 }
 
 /// Item 10: an error outcome is returned again by every later wait; only a
 /// value is taken once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_outcomes_are_repeatable() {
-    common::quiet_intentional_panics();
+    support::quiet_deliberate_panics();
     let pool = Offloader::builder().max_in_flight(1).build().unwrap();
-    let (mut g, _blocker) = occupy(&pool).await;
+    let occupied = occupy(&pool, 1).await;
     let mut cancelled = pool.offload(|_| ()).spawn().unwrap();
     assert!(cancelled.cancel());
-    g.open();
+    occupied.release().await;
     for _ in 0..3 {
-        let e = within("cancelled", cancelled.wait_timeout(HANG)).await.unwrap_err();
+        let e = within("cancelled", cancelled.wait_timeout(HANG))
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::Cancelled { .. }), "{e:?}");
     }
     let e = cancelled.blocking_wait().unwrap_err();
@@ -407,7 +421,9 @@ async fn error_outcomes_are_repeatable() {
         .spawn()
         .unwrap();
     for _ in 0..3 {
-        let e = within("panicked", panicked.wait_timeout(HANG)).await.unwrap_err();
+        let e = within("panicked", panicked.wait_timeout(HANG))
+            .await
+            .unwrap_err();
         assert!(
             matches!(&e, Error::Panicked { message, .. } if message.contains("on purpose")),
             "{e:?}"
@@ -436,7 +452,10 @@ async fn a_weak_handle_does_not_keep_the_pool_open() {
         }
     }
     let holder = Arc::new(Holder(Mutex::new(None), AtomicUsize::new(0)));
-    let pool = Offloader::builder().observer(holder.clone()).build().unwrap();
+    let pool = Offloader::builder()
+        .observer(holder.clone())
+        .build()
+        .unwrap();
     *holder.0.lock().unwrap() = Some(pool.downgrade());
     within("a job", pool.offload(|_| ())).await.unwrap();
     assert!(holder.1.load(Ordering::SeqCst) >= 1);
@@ -458,7 +477,12 @@ async fn the_global_pool_ignores_shutdown() {
     let report = within("close", global.close(Duration::ZERO, Duration::ZERO)).await;
     assert!(!report.terminated && !report.escalated);
     assert!(!global.is_shutdown());
-    assert_eq!(within("free function", offloader::offload(|_| 42)).await.unwrap(), 42);
+    assert_eq!(
+        within("free function", offloader::offload(|_| 42))
+            .await
+            .unwrap(),
+        42
+    );
 }
 
 /// The job state after each outcome, as a handle reports it.

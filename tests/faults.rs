@@ -22,102 +22,30 @@
 //! on a channel, "the function may return" is a gate. Bounded waits
 //! ([`HANG`]) only run out if the library hangs.
 
+mod support;
+
 use std::future::{Future, IntoFuture};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier, Mutex, Once};
-use std::task::Poll;
+use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use offloader::{
     AbandonPolicy, Error, EventKind, JobEvent, JobState, Metrics, Observer, Offloader, Rejected,
-    StopToken,
+    StopToken, DEFAULT_QUEUE_CAPACITY,
 };
+use support::*;
 
-/// Bound on any wait; reached only if the library hangs.
-const HANG: Duration = Duration::from_secs(10);
-/// Marks deliberate panics, which the panic hook keeps quiet.
-const MARK: &str = "fault injection:";
+/// Marks deliberate panics (it says `support::ON_PURPOSE`), which the panic
+/// hook keeps quiet.
+const MARK: &str = "fault injection, on purpose:";
 /// Set in a child process to the name of the child test it should run.
 const CHILD_ENV: &str = "OFFLOADER_FAULTS_CHILD";
 
 // ---------------------------------------------------------------------------
 // Helpers
-
-async fn within<F: IntoFuture>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(HANG, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("hung for {HANG:?} waiting for: {what}"),
-    }
-}
-
-/// Blocking form of [`within`] for code without a runtime: runs `f` on a
-/// helper thread and fails if it does not return within [`HANG`].
-fn within_blocking<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(HANG) {
-        Ok(v) => v,
-        Err(_) => panic!("hung for {HANG:?} waiting for: {what}"),
-    }
-}
-
-/// The test's end of a gate; dropping it opens the gate.
-struct Gate(Option<mpsc::Sender<()>>);
-
-impl Gate {
-    fn open(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-    }
-}
-
-/// The function's end of a gate.
-struct Hold(mpsc::Receiver<()>);
-
-impl Hold {
-    /// Blocks until the gate opens; ignores the stop token.
-    fn wait(self) {
-        let _ = self.0.recv_timeout(HANG * 2);
-    }
-}
-
-fn gate() -> (Gate, Hold) {
-    let (tx, rx) = mpsc::channel();
-    (Gate(Some(tx)), Hold(rx))
-}
-
-/// A "started" signal from a function to the test.
-fn started() -> (mpsc::Sender<()>, Started) {
-    let (tx, rx) = mpsc::channel();
-    (tx, Started(rx))
-}
-
-struct Started(mpsc::Receiver<()>);
-
-impl Started {
-    fn wait(&self, what: &str) {
-        if self.0.recv_timeout(HANG).is_err() {
-            panic!("no started signal within {HANG:?}: {what}");
-        }
-    }
-}
-
-#[track_caller]
-fn assert_ledger(m: &Metrics) {
-    assert!(m.ledger_balances(), "ledger does not balance: {m:?}");
-}
 
 /// After idle: every accepted job is terminal.
 #[track_caller]
@@ -128,47 +56,6 @@ fn assert_closed_books(m: &Metrics) {
         (0, 0, m.terminal()),
         "accepted jobs are not all terminal: {m:?}"
     );
-}
-
-fn pool(max_in_flight: usize, name: &str) -> Offloader {
-    Offloader::builder()
-        .max_in_flight(max_in_flight)
-        .thread_name(name)
-        .build()
-        .expect("valid configuration")
-}
-
-/// Keeps the deliberate panics of this file out of the test output.
-fn quiet_deliberate_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let p = info.payload();
-            let msg = p
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| p.downcast_ref::<&str>().copied())
-                .unwrap_or("");
-            if !msg.starts_with(MARK) && !p.is::<PanicsOnDrop>() {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// Threads of this process named `name` (at most 15 bytes).
-fn threads_named(name: &str) -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    dir.filter_map(Result::ok)
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .map(|c| c.trim_end() == name)
-                .unwrap_or(false)
-        })
-        .count()
 }
 
 /// Waits (bounded) until no thread named `name` is left: the pool behind
@@ -196,11 +83,6 @@ fn status_kib(field: &str) -> u64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
-}
-
-/// Polls `fut` once.
-async fn poll_once<F: Future + ?Sized>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
-    std::future::poll_fn(move |cx| Poll::Ready(fut.as_mut().poll(cx))).await
 }
 
 /// Re-runs this test binary, filtered to the ignored child test `test`,
@@ -318,8 +200,8 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     );
 
     // Job 1 runs on the pool's first worker, held on a gate.
-    let (mut g1, hold) = gate();
-    let (tx, first_started) = started();
+    let (g1, hold) = gate();
+    let (tx, mut first_started) = signal();
     let one = pool
         .offload(move |_| {
             let _ = tx.send(());
@@ -328,7 +210,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
         })
         .spawn()
         .expect("accepted while memory is plentiful");
-    first_started.wait("job 1");
+    recv_blocking("job 1", &mut first_started);
 
     // No thread stack can be mapped any more.
     let ballast = fill_address_space();
@@ -405,8 +287,8 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     // Memory comes back: two jobs at once need a second worker, which can be
     // created again; the refused function is handed in again and runs.
     drop(ballast);
-    let (mut g4, hold4) = gate();
-    let (tx4, four_started) = started();
+    let (g4, hold4) = gate();
+    let (tx4, mut four_started) = signal();
     let four = pool
         .offload(move |_| {
             let _ = tx4.send(());
@@ -415,7 +297,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
         })
         .spawn()
         .expect("accepted");
-    four_started.wait("job 4");
+    recv_blocking("job 4", &mut four_started);
     // Job 5 runs while job 4 holds the first worker: on a second worker.
     let five = pool.offload(|_| 5).spawn().expect("accepted");
     let v5 = five.blocking_wait().expect("job 5");
@@ -488,7 +370,10 @@ async fn real_thread_spawn_failure_from_an_unmappable_stack() {
     assert_ledger(&m);
 
     // Another pool serves meanwhile; the broken one closes at once.
-    let ok = pool(1, "fault-unmap-ok");
+    let ok = builder(1, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-unmap-ok")
+        .build()
+        .expect("valid configuration");
     assert_eq!(within("another pool", ok.offload(|_| 4)).await.unwrap(), 4);
     let report = within("close", broken.close(HANG, HANG)).await;
     assert!(report.terminated && !report.escalated, "{report}");
@@ -517,9 +402,12 @@ impl Drop for PanicsOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_whose_drop_panics_on_the_worker() {
     quiet_deliberate_panics();
-    let pool = pool(1, "fault-resdrop");
+    let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-resdrop")
+        .build()
+        .expect("valid configuration");
     let drops = Arc::new(AtomicUsize::new(0));
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let d = drops.clone();
     let bomb = pool
         .offload(move |_| {
@@ -566,7 +454,10 @@ async fn a_result_whose_drop_panics_on_the_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_payload_whose_drop_panics() {
     quiet_deliberate_panics();
-    let pool = pool(1, "fault-payload");
+    let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-payload")
+        .build()
+        .expect("valid configuration");
     let drops = Arc::new(AtomicUsize::new(0));
     let d = drops.clone();
     let bomb = pool
@@ -603,10 +494,13 @@ async fn a_panic_payload_whose_drop_panics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_function_whose_drop_panics_when_cancelled() {
     quiet_deliberate_panics();
-    let pool = pool(1, "fault-fncancel");
+    let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-fncancel")
+        .build()
+        .expect("valid configuration");
     let drops = Arc::new(AtomicUsize::new(0));
-    let (mut g, hold) = gate();
-    let (tx, running) = started();
+    let (g, hold) = gate();
+    let (tx, mut running) = signal();
     let first = pool
         .offload(move |_| {
             let _ = tx.send(());
@@ -615,7 +509,7 @@ async fn a_function_whose_drop_panics_when_cancelled() {
         })
         .spawn()
         .expect("accepted");
-    running.wait("first job");
+    recv("first job", &mut running).await;
     let bomb = PanicsOnDrop(drops.clone(), "function");
     let queued = pool
         .offload(move |_| {
@@ -660,10 +554,13 @@ async fn a_function_whose_drop_panics_when_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_whose_drop_panics_handed_back_by_shutdown_now() {
     quiet_deliberate_panics();
-    let pool = pool(1, "fault-fnnow");
+    let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-fnnow")
+        .build()
+        .expect("valid configuration");
     let drops = Arc::new(AtomicUsize::new(0));
-    let (mut g, hold) = gate();
-    let (tx, running) = started();
+    let (g, hold) = gate();
+    let (tx, mut running) = signal();
     let first = pool
         .offload(move |_| {
             let _ = tx.send(());
@@ -672,7 +569,7 @@ async fn functions_whose_drop_panics_handed_back_by_shutdown_now() {
         })
         .spawn()
         .expect("accepted");
-    running.wait("first job");
+    recv("first job", &mut running).await;
     let mut queued = Vec::new();
     for i in 0..3 {
         let bomb = PanicsOnDrop(drops.clone(), "function");
@@ -734,7 +631,7 @@ async fn a_panicking_on_stop_callback() {
     /// run newest first), signals, and sleeps until stopped.
     fn job(
         other_ran: Arc<AtomicBool>,
-        tx: mpsc::Sender<()>,
+        tx: tokio::sync::mpsc::UnboundedSender<()>,
     ) -> impl FnOnce(&StopToken) -> Result<(), String> + Send + 'static {
         move |stop: &StopToken| {
             let o = other_ran.clone();
@@ -753,12 +650,12 @@ async fn a_panicking_on_stop_callback() {
 
     // By the handle.
     let other = Arc::new(AtomicBool::new(false));
-    let (tx, running) = started();
+    let (tx, mut running) = signal();
     let h = pool
         .offload(job(other.clone(), tx))
         .spawn()
         .expect("accepted");
-    running.wait("job stopped by its handle");
+    recv("job stopped by its handle", &mut running).await;
     let requested = catch_unwind(AssertUnwindSafe(|| h.stop()));
     assert!(
         matches!(requested, Ok(true)),
@@ -773,7 +670,7 @@ async fn a_panicking_on_stop_callback() {
 
     // By a caller's time-out under CancelAndStop.
     let other = Arc::new(AtomicBool::new(false));
-    let (tx, running) = started();
+    let (tx, mut running) = signal();
     let mut fut = Box::pin(
         pool.offload(job(other.clone(), tx))
             .with_timeout(Duration::from_millis(1))
@@ -781,7 +678,7 @@ async fn a_panicking_on_stop_callback() {
             .into_future(),
     );
     assert!(poll_once(fut.as_mut()).await.is_pending());
-    running.wait("job stopped by its caller's time-out");
+    recv("job stopped by its caller's time-out", &mut running).await;
     let err = within("the caller's time-out", fut)
         .await
         .expect_err("timed out");
@@ -794,12 +691,12 @@ async fn a_panicking_on_stop_callback() {
 
     // By shutdown_now.
     let other = Arc::new(AtomicBool::new(false));
-    let (tx, running) = started();
+    let (tx, mut running) = signal();
     let h = pool
         .offload(job(other.clone(), tx))
         .spawn()
         .expect("accepted");
-    running.wait("job stopped by shutdown_now");
+    recv("job stopped by shutdown_now", &mut running).await;
     let unstarted = catch_unwind(AssertUnwindSafe(|| pool.shutdown_now()));
     assert!(
         matches!(&unstarted, Ok(list) if list.is_empty()),
@@ -856,8 +753,8 @@ async fn a_panicking_lifecycle_observer() {
         "{err}"
     );
 
-    let (mut g, hold) = gate();
-    let (tx, running) = started();
+    let (g, hold) = gate();
+    let (tx, mut running) = signal();
     let held = pool
         .offload(move |_| {
             let _ = tx.send(());
@@ -866,7 +763,7 @@ async fn a_panicking_lifecycle_observer() {
         })
         .spawn()
         .expect("accepted");
-    running.wait("held job");
+    recv("held job", &mut running).await;
     let cancelled = pool.offload(|_| 3).spawn().expect("accepted");
     assert!(cancelled.cancel());
     // A caller leaves a queued job (Abandoned), which stays queued (Keep).
@@ -935,9 +832,12 @@ async fn a_panicking_lifecycle_observer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_callback_whose_panic_payload_panics_on_drop() {
     quiet_deliberate_panics();
-    let pool = pool(1, "fault-cbpayload");
+    let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-cbpayload")
+        .build()
+        .expect("valid configuration");
     let drops = Arc::new(AtomicUsize::new(0));
-    let (tx, running) = started();
+    let (tx, mut running) = signal();
     let d = drops.clone();
     let h = pool
         .offload(move |stop: &StopToken| {
@@ -949,7 +849,7 @@ async fn a_stop_callback_whose_panic_payload_panics_on_drop() {
         })
         .spawn()
         .expect("accepted");
-    running.wait("the job");
+    recv("the job", &mut running).await;
     let requested = catch_unwind(AssertUnwindSafe(|| h.stop()));
     assert_eq!(drops.load(Ordering::SeqCst), 1, "the payload was dropped");
     let stopped = within("the function returning after its stop callback panicked", h)
@@ -1027,11 +927,14 @@ async fn an_observer_whose_panic_payload_panics_on_drop() {
 /// thread.
 #[test]
 fn a_runtime_dropped_while_callers_wait() {
-    let pool = pool(3, "fault-rtdrop");
-    let (mut ga, hold_a) = gate();
-    let (mut gb, hold_b) = gate();
-    let (tx_a, a_running) = started();
-    let (tx_b, b_running) = started();
+    let pool = builder(3, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-rtdrop")
+        .build()
+        .expect("valid configuration");
+    let (ga, hold_a) = gate();
+    let (gb, hold_b) = gate();
+    let (tx_a, mut a_running) = signal();
+    let (tx_b, mut b_running) = signal();
     let b = pool
         .offload(move |_| {
             let _ = tx_b.send(());
@@ -1086,8 +989,8 @@ fn a_runtime_dropped_while_callers_wait() {
             waiting.recv().await;
             waiting.recv().await;
         });
-        a_running.wait("job a");
-        b_running.wait("job b");
+        recv_blocking("job a", &mut a_running);
+        recv_blocking("job b", &mut b_running);
         // Both callers are waiting and both functions run; drop the
         // runtime, and the callers with it.
         drop(rt);
@@ -1160,22 +1063,18 @@ fn a_runtime_dropped_while_callers_wait() {
 fn one_offloader_from_several_runtimes_and_plain_threads() {
     const PER: u64 = 200;
     const MAX: usize = 3;
-    let pool = Offloader::builder()
-        .max_in_flight(MAX)
-        .queue_capacity(256)
+    let pool = builder(MAX, 256)
         .thread_name("fault-multi")
         .build()
         .expect("valid");
-    let inside = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let inside = Concurrency::default();
     let job = {
         let inside = inside.clone();
         move |v: u64| {
             let inside = inside.clone();
             move |_: &StopToken| {
-                let n = inside.0.fetch_add(1, Ordering::SeqCst) + 1;
-                inside.1.fetch_max(n, Ordering::SeqCst);
+                let _in = inside.enter();
                 std::thread::yield_now();
-                inside.0.fetch_sub(1, Ordering::SeqCst);
                 v
             }
         }
@@ -1326,10 +1225,7 @@ fn one_offloader_from_several_runtimes_and_plain_threads() {
     let m = pool.metrics();
     assert_closed_books(&m);
     assert_eq!(m.completed, 6 * PER + crossed, "{m:?}");
-    assert!(
-        inside.1.load(Ordering::SeqCst) <= MAX && m.max_running <= MAX as u64,
-        "{m:?}"
-    );
+    assert!(inside.max() <= MAX && m.max_running <= MAX as u64, "{m:?}");
     // A late caller from a plain thread is told why it was refused.
     let late = pool.offload(|_| 0).spawn().expect_err("terminated");
     assert!(
@@ -1345,11 +1241,14 @@ fn one_offloader_from_several_runtimes_and_plain_threads() {
 /// resolve, and the pool's threads exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_offloader_dropped_inside_an_async_task() {
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let (dropped_tx, dropped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
-        let pool = pool(1, "fault-lastdrop");
-        let (tx, running) = started();
+        let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+            .thread_name("fault-lastdrop")
+            .build()
+            .expect("valid configuration");
+        let (tx, mut running) = signal();
         let first = pool
             .offload(move |_| {
                 let _ = tx.send(());
@@ -1363,7 +1262,7 @@ async fn the_last_offloader_dropped_inside_an_async_task() {
             .name("queued")
             .spawn()
             .expect("accepted");
-        running.wait("the held job");
+        recv("the held job", &mut running).await;
         drop(pool);
         let _ = dropped_tx.send(());
         (first.await, queued.await)
@@ -1389,9 +1288,12 @@ async fn the_last_offloader_dropped_inside_a_task_on_a_current_thread_runtime() 
             std::process::exit(101);
         }
     });
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let task = tokio::spawn(async move {
-        let pool = pool(1, "fault-lastdrop1");
+        let pool = builder(1, DEFAULT_QUEUE_CAPACITY)
+            .thread_name("fault-lastdrop1")
+            .build()
+            .expect("valid configuration");
         let first = pool
             .offload(move |_| {
                 hold.wait();
@@ -1417,7 +1319,10 @@ async fn the_last_offloader_dropped_inside_a_task_on_a_current_thread_runtime() 
 /// own worker without deadlock, and its threads exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_offloader_dropped_by_its_own_job_on_a_worker() {
-    let pool = pool(2, "fault-selfdrop");
+    let pool = builder(2, DEFAULT_QUEUE_CAPACITY)
+        .thread_name("fault-selfdrop")
+        .build()
+        .expect("valid configuration");
     let clone = pool.clone();
     let h = pool
         .offload(move |_| {
@@ -1471,11 +1376,7 @@ fn child_a_million_dropped_handles() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let pool = Offloader::builder()
-            .max_in_flight(4)
-            .queue_capacity(4096)
-            .build()
-            .expect("valid");
+        let pool = pool(4, 4096);
         // Warm-up: threads, the queue's buffer, the allocator's arenas.
         for i in 0..20_000u64 {
             drop(pool.offload(move |_| i).submit().await.expect("room"));

@@ -9,7 +9,7 @@
 //! This file is its own test binary because it installs a process-wide
 //! tracing subscriber.
 
-mod common;
+mod support;
 
 use std::future::Future;
 use std::pin::pin;
@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
-use common::{gate, recv, signal, within, HANG};
 use offloader::{AbandonPolicy, JobEvent, Observer, Offloader, WeakOffloader};
+use support::{gate, recv, signal, within, HANG};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
@@ -118,7 +118,7 @@ async fn scenario() {
     let mut cx = Context::from_waker(&waker);
 
     // A running job whose handle is polled with the re-entrant waker.
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let (tx, mut started) = signal();
     let mut running = pool
         .offload(move |stop| {
@@ -136,7 +136,7 @@ async fn scenario() {
 
     // A second permit's job, then queued ones: cancel, a producer waiting
     // for room (woken when a slot frees), a caller timing out.
-    let (mut g2, hold2) = gate();
+    let (g2, hold2) = gate();
     let second = pool.offload(move |_| hold2.wait()).spawn().unwrap();
     let queued = pool.offload(|_| ()).spawn().unwrap();
     let queued2 = pool.offload(|_| ()).spawn().unwrap();
@@ -159,13 +159,13 @@ async fn scenario() {
     within("idle", idle).await;
 
     // A panic, then an immediate shutdown with a queue, then termination.
-    common::quiet_intentional_panics();
+    support::quiet_deliberate_panics();
     let _ = within(
         "panic",
         pool.offload(|_| -> () { panic!("a job that panics on purpose") }),
     )
     .await;
-    let (mut g3, hold3) = gate();
+    let (g3, hold3) = gate();
     let (tx3, mut started3) = signal();
     let blocker = pool
         .offload(move |stop| {
@@ -176,11 +176,7 @@ async fn scenario() {
         .unwrap();
     recv("blocker", &mut started3).await;
     let _queued = pool.offload(|_| ()).spawn().unwrap();
-    let report = within(
-        "close",
-        pool.close(Duration::from_millis(1), HANG),
-    )
-    .await;
+    let report = within("close", pool.close(Duration::from_millis(1), HANG)).await;
     assert!(report.terminated, "{report}");
     g3.open();
     let _ = within("blocker", blocker).await;

@@ -2,20 +2,13 @@
 //! from synchronous code, detaching, state and `is_finished`, and a spawned
 //! job's own wait limit.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-use common::*;
-use offloader::{Error, Fate, JobState, Offloader};
-
-fn single() -> Offloader {
-    Offloader::builder()
-        .max_in_flight(1)
-        .build()
-        .expect("valid configuration")
-}
+use offloader::{Error, Fate, JobState, DEFAULT_QUEUE_CAPACITY};
+use support::*;
 
 fn assert_timed_out(err: &Error, want_state: JobState) {
     match err {
@@ -29,9 +22,9 @@ fn assert_timed_out(err: &Error, want_state: JobState) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_timeout_leaves_the_handle_usable() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let mut h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -61,16 +54,15 @@ async fn wait_timeout_leaves_the_handle_usable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_timeout_on_a_queued_job_reports_queued() {
-    let pool = single();
-    let (mut blocker_gate, blocker) = occupy(&pool).await;
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
     let mut h = pool.offload(|_stop| 5).spawn().expect("accepted");
     let err = h
         .wait_timeout(SHORT)
         .await
         .expect_err("queued behind a held job");
     assert_timed_out(&err, JobState::Queued);
-    blocker_gate.open();
-    within("blocker", blocker).await.unwrap();
+    blocker.release().await;
     assert_eq!(within("queued job", &mut h).await.unwrap(), 5);
     // The outcome was taken; a second wait says so instead of hanging.
     let again = within("second await", &mut h).await.unwrap_err();
@@ -82,9 +74,9 @@ async fn wait_timeout_on_a_queued_job_reports_queued() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_wait_from_a_plain_std_thread() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -111,9 +103,9 @@ async fn blocking_wait_from_a_plain_std_thread() {
 /// No async runtime at all: spawn, wait with and without a limit.
 #[test]
 fn blocking_waits_work_without_any_runtime() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, started_rx) = mpsc::channel();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let mut h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -142,10 +134,10 @@ fn blocking_waits_work_without_any_runtime() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detach_keeps_the_job_running() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
     let (ran_tx, mut ran) = signal::<&'static str>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -170,10 +162,10 @@ async fn detach_keeps_the_job_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_handle_detaches_queued_and_running_jobs() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
     let (ran_tx, mut ran) = signal::<&'static str>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let tx = ran_tx.clone();
     let running = pool
         .offload(move |_stop| {
@@ -215,9 +207,9 @@ async fn dropping_the_handle_detaches_queued_and_running_jobs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn is_finished_turns_true_once_the_outcome_is_ready() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let a = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -240,10 +232,10 @@ async fn is_finished_turns_true_once_the_outcome_is_ready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_goes_queued_running_completed() {
-    let pool = single();
-    let (mut blocker_gate, blocker) = occupy(&pool).await;
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let mut h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
@@ -255,8 +247,7 @@ async fn state_goes_queued_running_completed() {
     assert_eq!(h.state(), JobState::Queued);
     assert!(!h.state().is_terminal());
 
-    blocker_gate.open();
-    within("blocker", blocker).await.unwrap();
+    blocker.release().await;
     recv("started", &mut started).await;
     assert_eq!(h.state(), JobState::Running);
     assert!(!h.is_finished());
@@ -270,9 +261,9 @@ async fn state_goes_queued_running_completed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn awaiting_mut_handle_after_its_spawned_timeout() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<bool>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let mut h = pool
         .offload(move |stop| {
             started_tx
@@ -309,8 +300,8 @@ async fn awaiting_mut_handle_after_its_spawned_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_on_a_queued_job_starts_it_with_the_token_stopped() {
-    let pool = single();
-    let (mut blocker_gate, blocker) = occupy(&pool).await;
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
     let h = pool
         .offload(|stop| stop.is_stopped())
         .spawn()
@@ -318,8 +309,7 @@ async fn stop_on_a_queued_job_starts_it_with_the_token_stopped() {
     assert!(h.stop());
     assert!(h.is_stop_requested());
     assert_eq!(h.state(), JobState::Queued);
-    blocker_gate.open();
-    within("blocker", blocker).await.unwrap();
+    blocker.release().await;
     assert!(
         within("stopped job", h).await.unwrap(),
         "the function must see its token already stopped"
@@ -329,10 +319,7 @@ async fn stop_on_a_queued_job_starts_it_with_the_token_stopped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_are_unique_and_increasing_and_names_are_kept() {
-    let pool = Offloader::builder()
-        .max_in_flight(2)
-        .build()
-        .expect("valid");
+    let pool = pool(2, DEFAULT_QUEUE_CAPACITY);
     let a = pool.offload(|_stop| ()).name("first").spawn().unwrap();
     let b = pool.offload(|_stop| ()).spawn().unwrap();
     assert!(a.id() < b.id());
@@ -347,9 +334,9 @@ async fn ids_are_unique_and_increasing_and_names_are_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_job_may_outlive_every_offloader_clone() {
-    let pool = single();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let done = Arc::new(AtomicBool::new(false));
     let d = done.clone();
     let h = pool
@@ -376,12 +363,9 @@ async fn a_detached_job_may_outlive_every_offloader_clone() {
 /// waker loses the wake-up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
-    let pool = offloader::Offloader::builder()
-        .max_in_flight(1)
-        .build()
-        .expect("valid configuration");
-    let (mut open, hold) = common::gate();
-    let (started_tx, mut started) = common::signal::<()>();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let (open, hold) = support::gate();
+    let (started_tx, mut started) = support::signal::<()>();
     let mut job = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -390,7 +374,7 @@ async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
         })
         .spawn()
         .expect("room");
-    common::recv("started", &mut started).await;
+    support::recv("started", &mut started).await;
     // First poll under a waker nobody listens to.
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     assert!(std::future::Future::poll(std::pin::Pin::new(&mut job), &mut cx).is_pending());
@@ -411,12 +395,12 @@ async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
         })
         .await
     });
-    common::within("the task's first poll", polled)
+    support::within("the task's first poll", polled)
         .await
         .expect("task alive");
     open.open();
     assert_eq!(
-        common::within("the second waker", waiter)
+        support::within("the second waker", waiter)
             .await
             .expect("task")
             .expect("ran"),

@@ -6,32 +6,20 @@
 //!
 //! Ordering is always by gates and "started" messages: a function that must
 //! still be running is held on a [`Gate`] the test opens only after it has
-//! checked what it wanted to check. The short `PENDING` timeouts only prove
+//! checked what it wanted to check. The short [`SHORT`] waits only prove
 //! that something is still waiting on a function held on a gate.
 
-mod lifecycle_support;
+mod support;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::IntoFuture;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use lifecycle_support::*;
 use offloader::{Error, JobState, Offloader, Rejected, StopToken, Stopped};
-
-fn pool(max_in_flight: usize, queue_capacity: usize) -> Offloader {
-    Offloader::builder()
-        .max_in_flight(max_in_flight)
-        .queue_capacity(queue_capacity)
-        .build()
-        .expect("valid configuration")
-}
-
-fn flag() -> Arc<AtomicBool> {
-    Arc::new(AtomicBool::new(false))
-}
+use support::*;
 
 fn is_shutting_down(err: &Error) -> bool {
     matches!(err, Error::Rejected(Rejected::ShuttingDown))
@@ -45,14 +33,13 @@ fn is_shutting_down(err: &Error) -> bool {
 async fn graceful_shutdown_finishes_running_and_queued_jobs_then_terminates() {
     const N: usize = 6;
     let pool = pool(2, 16);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<usize>();
     let ran = Arc::new(AtomicU64::new(0));
 
     let mut handles = Vec::new();
     for i in 0..N {
-        let (g, tx, ran) = (gate.clone(), started_tx.clone(), ran.clone());
+        let (g, tx, ran) = (hold.clone(), started_tx.clone(), ran.clone());
         let h = pool
             .offload(move |_stop| {
                 let _ = tx.send(i);
@@ -66,8 +53,8 @@ async fn graceful_shutdown_finishes_running_and_queued_jobs_then_terminates() {
         handles.push(h);
     }
     // Two of them run (and are held), four wait in the queue.
-    recv(&mut started).await;
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
+    recv("a function started", &mut started).await;
     let m = pool.metrics();
     assert_eq!((m.accepted, m.running, m.queued), (N as u64, 2, 4), "{m:?}");
 
@@ -214,11 +201,10 @@ async fn new_work_after_shutdown_is_rejected_and_the_closure_handed_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producers_blocked_on_a_full_queue_are_woken_by_shutdown() {
     let pool = pool(1, 1);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
-    let g = gate.clone();
+    let g = hold.clone();
     let running = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -227,7 +213,7 @@ async fn producers_blocked_on_a_full_queue_are_woken_by_shutdown() {
         })
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let queued = pool
         .offload(|_stop| "queued")
         .spawn()
@@ -327,11 +313,10 @@ async fn producers_blocked_on_a_full_queue_are_woken_by_shutdown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_waits_for_a_running_job_when_the_queue_is_empty() {
     let pool = pool(1, 4);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
-    let g = gate.clone();
+    let g = hold.clone();
     let h = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -340,7 +325,7 @@ async fn idle_waits_for_a_running_job_when_the_queue_is_empty() {
         })
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let m = pool.metrics();
     assert_eq!((m.queued, m.running), (0, 1), "{m:?}");
     assert!(
@@ -380,13 +365,12 @@ async fn idle_waits_for_a_running_job_when_the_queue_is_empty() {
 async fn idle_during_normal_operation_means_every_accepted_job_is_terminal() {
     const N: usize = 5;
     let pool = pool(2, 8);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
     let mut handles = Vec::new();
     for i in 0..N {
-        let (g, tx) = (gate.clone(), started_tx.clone());
+        let (g, tx) = (hold.clone(), started_tx.clone());
         handles.push(
             pool.offload(move |_stop| {
                 let _ = tx.send(());
@@ -402,8 +386,8 @@ async fn idle_during_normal_operation_means_every_accepted_job_is_terminal() {
     }
     // One more, cancelled while queued: terminal without running.
     let cancelled = pool.offload(|_stop| usize::MAX).spawn().expect("room");
-    recv(&mut started).await;
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
+    recv("a function started", &mut started).await;
     assert!(cancelled.cancel());
 
     // A waiter parked before the release reads a snapshot as soon as idle()
@@ -456,11 +440,10 @@ async fn idle_during_normal_operation_means_every_accepted_job_is_terminal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_waits_for_a_running_job_after_shutdown() {
     let pool = pool(1, 4);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
-    let g = gate.clone();
+    let g = hold.clone();
     let h = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -469,7 +452,7 @@ async fn terminated_waits_for_a_running_job_after_shutdown() {
         })
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     pool.shutdown();
     let m = pool.metrics();
     assert_eq!((m.queued, m.running), (0, 1), "{m:?}");
@@ -482,9 +465,9 @@ async fn terminated_waits_for_a_running_job_after_shutdown() {
         still_pending(pool.terminated()).await,
         "terminated() completed while a function was held on a gate (the queue was merely empty)"
     );
-    assert!(!pool.await_termination(PENDING).await);
+    assert!(!pool.await_termination(SHORT).await);
     let p = pool.clone();
-    let blocking = tokio::task::spawn_blocking(move || p.blocking_await_termination(Some(PENDING)));
+    let blocking = tokio::task::spawn_blocking(move || p.blocking_await_termination(Some(SHORT)));
     assert!(
         !blocking.await.unwrap(),
         "blocking_await_termination reported termination too early"
@@ -506,7 +489,7 @@ async fn terminated_waits_for_a_running_job_after_shutdown() {
 /// A result whose drop blocks on a gate, after reporting the thread that
 /// drops it.
 struct DropsSlowly {
-    gate: Gate,
+    gate: Hold,
     dropping: tokio::sync::mpsc::UnboundedSender<Option<String>>,
 }
 
@@ -527,16 +510,14 @@ async fn terminated_waits_for_worker_threads_not_only_for_jobs() {
         .thread_name(THREAD)
         .build()
         .expect("valid configuration");
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
-    let drop_gate = Gate::new();
-    let _release_drop = OpenOnDrop(drop_gate.clone());
+    let (gate, hold) = gate();
+    let (drop_gate, drop_hold) = support::gate();
     let (started_tx, mut started) = signal::<()>();
     let (dropping_tx, mut dropping) = signal::<Option<String>>();
 
     // A detached job whose result nobody collects: the pool drops it, and
     // that drop (user code) is held on a gate.
-    let (g, dg) = (gate.clone(), drop_gate.clone());
+    let (g, dg) = (hold.clone(), drop_hold.clone());
     let h = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -548,11 +529,11 @@ async fn terminated_waits_for_worker_threads_not_only_for_jobs() {
         })
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     h.detach();
     pool.shutdown();
     gate.open();
-    let dropped_on = recv(&mut dropping).await;
+    let dropped_on = recv("the result is being dropped", &mut dropping).await;
     // The job is terminal and nothing is queued or running. (`is_idle()`
     // also waits for the worker to settle the published outcome, which it
     // does after this drop, so it is not the condition to wait for here.)
@@ -587,8 +568,7 @@ async fn terminated_waits_for_worker_threads_not_only_for_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
     let pool = pool(2, 8);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<&'static str>();
 
     // Running job 1 honours its token: its sleep wakes at the stop request.
@@ -602,7 +582,7 @@ async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
         .spawn()
         .expect("room");
     // Running job 2 ignores its token and waits on the gate.
-    let (g, tx) = (gate.clone(), started_tx.clone());
+    let (g, tx) = (hold.clone(), started_tx.clone());
     let stubborn = pool
         .offload(move |stop| {
             let _ = tx.send("stubborn");
@@ -612,7 +592,10 @@ async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
         .name("stubborn")
         .spawn()
         .expect("room");
-    let mut names = [recv(&mut started).await, recv(&mut started).await];
+    let mut names = [
+        recv("a function started", &mut started).await,
+        recv("a function started", &mut started).await,
+    ];
     names.sort_unstable();
     assert_eq!(names, ["cooperative", "stubborn"]);
 
@@ -728,18 +711,7 @@ async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_now_after_a_graceful_shutdown_still_returns_the_queue() {
     let pool = pool(1, 4);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
-    let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
-    let running = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            g.wait();
-        })
-        .spawn()
-        .expect("room");
-    recv(&mut started).await;
+    let running = occupy(&pool, 1).await;
     let ran = flag();
     let r = ran.clone();
     let queued = pool
@@ -757,8 +729,7 @@ async fn shutdown_now_after_a_graceful_shutdown_still_returns_the_queue() {
         within("queued", queued).await,
         Err(Error::Unstarted { .. })
     ));
-    gate.open();
-    within("running", running).await.unwrap();
+    running.release().await;
     within("terminated()", pool.terminated()).await;
     assert!(!ran.load(Ordering::SeqCst));
 }
@@ -770,11 +741,10 @@ async fn shutdown_now_after_a_graceful_shutdown_still_returns_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_close_escalates_and_reports_a_function_that_ignores_its_token() {
     let pool = pool(1, 8);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
-    let g = gate.clone();
+    let g = hold.clone();
     let stubborn = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -784,7 +754,7 @@ async fn staged_close_escalates_and_reports_a_function_that_ignores_its_token() 
         .name("stubborn")
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let mut queued = Vec::new();
     for i in 0..2 {
         let ran = flag();
@@ -862,12 +832,11 @@ async fn staged_close_escalates_and_reports_a_function_that_ignores_its_token() 
 async fn staged_close_that_finishes_in_the_graceful_stage() {
     const N: usize = 5;
     let pool = pool(2, 8);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
     let mut handles = Vec::new();
     for i in 0..N {
-        let (g, tx) = (gate.clone(), started_tx.clone());
+        let (g, tx) = (hold.clone(), started_tx.clone());
         handles.push(
             pool.offload(move |_stop| {
                 let _ = tx.send(());
@@ -881,8 +850,8 @@ async fn staged_close_that_finishes_in_the_graceful_stage() {
             .expect("room"),
         );
     }
-    recv(&mut started).await;
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
+    recv("a function started", &mut started).await;
 
     let p = pool.clone();
     let closing = tokio::spawn(async move {
@@ -925,11 +894,10 @@ async fn staged_close_that_finishes_in_the_graceful_stage() {
 async fn running_jobs_reports_name_stop_request_and_waiting_owner() {
     let pool = pool(1, 4);
     assert!(pool.running_jobs().is_empty());
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
-    let (g, tx) = (gate.clone(), started_tx.clone());
+    let (g, tx) = (hold.clone(), started_tx.clone());
     let h = pool
         .offload(move |_stop| {
             let _ = tx.send(());
@@ -938,7 +906,7 @@ async fn running_jobs_reports_name_stop_request_and_waiting_owner() {
         .name("watched")
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let id = h.id();
 
     let jobs = pool.running_jobs();
@@ -975,9 +943,8 @@ async fn running_jobs_reports_name_stop_request_and_waiting_owner() {
     assert!(pool.running_jobs().is_empty());
 
     // An awaiting caller counts as waiting while its future exists.
-    let gate = Gate::new();
-    let _release2 = OpenOnDrop(gate.clone());
-    let g = gate.clone();
+    let (gate, hold) = support::gate();
+    let g = hold.clone();
     let mut fut = Box::pin(
         pool.offload(move |_stop| {
             let _ = started_tx.send(());
@@ -986,8 +953,8 @@ async fn running_jobs_reports_name_stop_request_and_waiting_owner() {
         .name("awaited")
         .into_future(),
     );
-    assert!(!poll_once(fut.as_mut()).await, "held on a gate");
-    recv(&mut started).await;
+    assert!(poll_once(fut.as_mut()).await.is_pending(), "held on a gate");
+    recv("a function started", &mut started).await;
     let jobs = pool.running_jobs();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     assert_eq!(jobs[0].name.as_deref(), Some("awaited"));
@@ -1016,13 +983,11 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
     use std::time::Instant;
     const GAP: Duration = Duration::from_millis(50);
     let pool = pool(1, 4);
-    let gate_a = Gate::new();
-    let _release_a = OpenOnDrop(gate_a.clone());
-    let gate_b = Gate::new();
-    let _release_b = OpenOnDrop(gate_b.clone());
+    let (gate_a, hold_a) = gate();
+    let (gate_b, hold_b) = gate();
     let (started_tx, mut started) = signal::<&'static str>();
 
-    let (g, tx) = (gate_a.clone(), started_tx.clone());
+    let (g, tx) = (hold_a.clone(), started_tx.clone());
     let a = pool
         .offload(move |_stop| {
             let _ = tx.send("a");
@@ -1030,8 +995,8 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
         })
         .spawn()
         .expect("room");
-    assert_eq!(recv(&mut started).await, "a");
-    let (g, tx) = (gate_b.clone(), started_tx.clone());
+    assert_eq!(recv("a function started", &mut started).await, "a");
+    let (g, tx) = (hold_b.clone(), started_tx.clone());
     let b_accepted = Instant::now();
     let b = pool
         .offload(move |_stop| {
@@ -1044,7 +1009,7 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
     tokio::time::sleep(GAP).await; // b waits in the queue at least this long
     let b_released = Instant::now();
     gate_a.open();
-    assert_eq!(recv(&mut started).await, "b");
+    assert_eq!(recv("a function started", &mut started).await, "b");
     let jobs = pool.running_jobs();
     let observed = Instant::now();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
@@ -1200,10 +1165,9 @@ async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
         .stuck_after(Duration::from_millis(20))
         .build()
         .expect("valid configuration");
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
+    let g = hold.clone();
     let h = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -1212,7 +1176,7 @@ async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
         .name(NAME)
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
 
     // Held on the gate until the monitor has reported it.
     eventually("the monitor reports the held job as stuck", || {
@@ -1249,10 +1213,9 @@ async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back() {
     let pool = pool(1, 1);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
+    let g = hold.clone();
     let running = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -1261,7 +1224,7 @@ async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back()
         })
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let queued = pool
         .offload(|_stop| "queued")
         .spawn()
@@ -1326,37 +1289,19 @@ async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back()
 // (j) dropping the last Offloader clone
 // ---------------------------------------------------------------------------
 
-#[cfg(target_os = "linux")]
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .map(|dir| {
-            dir.filter_map(Result::ok)
-                .filter(|task| {
-                    std::fs::read_to_string(task.path().join("comm"))
-                        .map(|comm| comm.trim_end() == name)
-                        .unwrap_or(false)
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_last_clone_shuts_down_gracefully_without_blocking() {
     // At most 15 bytes: Linux truncates thread names there.
     const THREAD: &str = "drop-last-wkr";
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(8)
+    let pool = builder(1, 8)
         .thread_name(THREAD)
         // Only a shutdown can make the worker exit within this test.
         .keep_alive(Duration::from_secs(3600))
         .build()
         .expect("valid configuration");
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
+    let g = hold.clone();
     let held = pool
         .offload(move |_stop| {
             let _ = started_tx.send(());
@@ -1366,7 +1311,7 @@ async fn dropping_the_last_clone_shuts_down_gracefully_without_blocking() {
         .name("held")
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let queued: Vec<_> = (0..3)
         .map(|i| pool.offload(move |_stop| i).spawn().expect("room"))
         .collect();
@@ -1460,18 +1405,7 @@ async fn a_close_report_counts_only_what_finished_during_the_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_await_termination_with_a_limit() {
     let pool = pool(1, 8);
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
-    let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
-    let job = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            g.wait();
-        })
-        .spawn()
-        .expect("room");
-    recv(&mut started).await;
+    let job = occupy(&pool, 1).await;
     pool.shutdown();
     let p = pool.clone();
     let short = tokio::task::spawn_blocking(move || {
@@ -1488,8 +1422,7 @@ async fn blocking_await_termination_with_a_limit() {
         p.blocking_await_termination(Some(Duration::from_secs(60)))
     });
     about_rx.recv().expect("waiter started");
-    gate.open();
-    within("job", job).await.expect("completed");
+    job.release().await;
     assert!(
         long.join().expect("thread"),
         "the pool terminated within the limit"

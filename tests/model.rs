@@ -47,12 +47,14 @@
 //! A failure prints the shrunk pool configuration and operations, and the
 //! steps as executed (which handle and job each one resolved to).
 
+mod support;
+
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -61,6 +63,8 @@ use offloader::{
     StopToken, SubmitError,
 };
 use proptest::prelude::*;
+// Not a glob: this file's SHORT (1 ms) is its own.
+use support::{builder, gate, poll_once, quiet_deliberate_panics, try_within, Gate, Hold, HANG};
 
 /// A caller time-out that fires while the job waits on a closed gate.
 const SHORT: Duration = Duration::from_millis(1);
@@ -69,13 +73,11 @@ const BUDGET_SHORT: Duration = Duration::from_millis(10);
 /// A time-out or budget that must not run out: the awaited thing happens
 /// on its own, well before.
 const LONG: Duration = Duration::from_secs(10);
-/// Bound on any wait, reached only if the library hangs: then the test
-/// fails instead of hanging.
-const HANG: Duration = Duration::from_secs(20);
 /// How long the real system may take to reach the model's state.
 const SETTLE: Duration = Duration::from_secs(10);
-/// Message of the deliberate panics; the panic hook keeps them quiet.
-const PANIC_MARK: &str = "model panic";
+/// Message of the deliberate panics; it says `support::ON_PURPOSE`, so the
+/// panic hook keeps them quiet.
+const PANIC_MARK: &str = "model panic on purpose";
 
 // ---------------------------------------------------------------------------
 // Operations
@@ -660,52 +662,6 @@ impl Model {
 type Func = Box<dyn FnOnce(&StopToken) -> Val + Send>;
 type Submitting = Pin<Box<dyn Future<Output = Result<JobHandle<Val>, SubmitError<Func>>>>>;
 
-/// The test's end of a gate. Dropping it opens the gate, so a failing case
-/// leaves no function held.
-struct GateTx(Option<mpsc::Sender<()>>);
-
-impl GateTx {
-    fn open(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-impl Drop for GateTx {
-    fn drop(&mut self) {
-        self.open();
-    }
-}
-
-/// The function's end of a gate.
-struct Hold {
-    rx: mpsc::Receiver<()>,
-    tx: mpsc::Sender<()>,
-}
-
-impl Hold {
-    fn wait(self) {
-        drop(self.tx);
-        let _ = self.rx.recv_timeout(HANG * 3);
-    }
-
-    /// Returns when the gate opens or stop is requested.
-    fn wait_or_stop(self, stop: &StopToken) {
-        let tx = self.tx.clone();
-        let _guard = stop.on_stop(move || {
-            let _ = tx.send(());
-        });
-        drop(self.tx);
-        let _ = self.rx.recv_timeout(HANG * 3);
-    }
-}
-
-fn gate() -> (GateTx, Hold) {
-    let (tx, rx) = mpsc::channel();
-    (GateTx(Some(tx.clone())), Hold { rx, tx })
-}
-
 /// What the functions record: which ran (in order), how many run now, the
 /// most at once.
 #[derive(Default)]
@@ -741,7 +697,9 @@ fn make_func(kind: Kind, tag: usize, probe: Arc<Probe>, hold: Option<Hold>) -> F
         let _inside = probe.enter(tag);
         match (kind, hold) {
             (Kind::Panics, _) => panic!("{PANIC_MARK} {tag}"),
-            (Kind::Gated, Some(h)) => h.wait_or_stop(stop),
+            (Kind::Gated, Some(h)) => {
+                h.wait_or_stop(stop);
+            }
             (Kind::IgnoresStop, Some(h)) => h.wait(),
             _ => {}
         }
@@ -750,29 +708,6 @@ fn make_func(kind: Kind, tag: usize, probe: Arc<Probe>, hold: Option<Hold>) -> F
             stopped: stop.is_stopped(),
         }
     })
-}
-
-fn quiet_deliberate_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let p = info.payload();
-            let msg = p
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| p.downcast_ref::<&str>().copied())
-                .unwrap_or("");
-            if !msg.starts_with(PANIC_MARK) {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// Polls `fut` once.
-async fn poll_once<F: Future + ?Sized>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
-    std::future::poll_fn(move |cx| Poll::Ready(fut.as_mut().poll(cx))).await
 }
 
 // ---------------------------------------------------------------------------
@@ -791,7 +726,7 @@ struct Slot {
 /// A producer waiting for room in `submit().await`.
 struct Blocked {
     tag: usize,
-    gate: Option<GateTx>,
+    gate: Option<Gate>,
     fut: Submitting,
 }
 
@@ -801,7 +736,7 @@ struct Harness {
     model: Model,
     probe: Arc<Probe>,
     slots: Vec<Slot>,
-    gates: HashMap<usize, GateTx>,
+    gates: HashMap<usize, Gate>,
     gated: Vec<usize>,
     ids: HashMap<usize, JobId>,
     blocked: Option<Blocked>,
@@ -821,9 +756,7 @@ macro_rules! ensure {
 
 impl Harness {
     fn new(cfg: Cfg, model_cfg: Cfg) -> Harness {
-        let mut b = Offloader::builder()
-            .max_in_flight(cfg.max_in_flight)
-            .queue_capacity(cfg.queue_capacity)
+        let mut b = builder(cfg.max_in_flight, cfg.queue_capacity)
             .abandon_policy(cfg.policy)
             .thread_name("model");
         if cfg.short_keep_alive {
@@ -863,15 +796,15 @@ impl Harness {
         }
     }
 
-    /// Awaits `fut`, failing the case after [`HANG`].
+    /// Awaits `fut`, failing the case (with its steps) after [`HANG`].
     async fn within<F: IntoFuture>(&self, what: &str, fut: F) -> F::Output {
-        match tokio::time::timeout(HANG, fut).await {
+        match try_within(what, fut).await {
             Ok(v) => v,
-            Err(_) => self.fail(format!("hung for {HANG:?}: {what}")),
+            Err(hung) => self.fail(hung),
         }
     }
 
-    fn make(&self, kind: Kind, tag: usize) -> (Func, Option<GateTx>) {
+    fn make(&self, kind: Kind, tag: usize) -> (Func, Option<Gate>) {
         let (tx, hold) = if kind.gated() {
             let (tx, hold) = gate();
             (Some(tx), Some(hold))
@@ -885,7 +818,7 @@ impl Harness {
         named.then(|| format!("n{tag}"))
     }
 
-    fn register(&mut self, tag: usize, id: Option<JobId>, gate: Option<GateTx>) {
+    fn register(&mut self, tag: usize, id: Option<JobId>, gate: Option<Gate>) {
         if let Some(id) = id {
             if let Some(old) = self.ids.insert(tag, id) {
                 ensure!(self, old == id, "job {tag} has two ids, {old} and {id}");
@@ -1612,15 +1545,14 @@ impl Harness {
         self.note(format!(" -> job {tag}"));
         let (timer, taken) = (self.slots[i].timer, self.slots[i].taken);
         let handle = &mut self.slots[i].handle;
+        let what = format!("await on job {tag}");
         let waited = if st.terminal() || timer {
             // The outcome, or the handle's own (spawned) time-out.
-            tokio::time::timeout(HANG, handle).await
+            try_within(&what, handle).await
         } else {
-            tokio::time::timeout(HANG, handle.wait_timeout(SHORT)).await
+            try_within(&what, handle.wait_timeout(SHORT)).await
         };
-        let Ok(got) = waited else {
-            self.fail(format!("await on job {tag} hung"));
-        };
+        let got = waited.unwrap_or_else(|hung| self.fail(hung));
         if st.terminal() {
             self.check_outcome("await", tag, taken, &got);
             self.slots[i].taken = true;
@@ -1638,9 +1570,10 @@ impl Harness {
         let st = self.model.jobs[tag].st.clone();
         self.note(format!(" -> job {tag}"));
         let limit = if st.terminal() { LONG } else { SHORT };
-        let got = match tokio::time::timeout(HANG, self.slots[i].handle.wait_timeout(limit)).await {
+        let what = format!("wait_timeout on job {tag}");
+        let got = match try_within(&what, self.slots[i].handle.wait_timeout(limit)).await {
             Ok(got) => got,
-            Err(_) => self.fail(format!("wait_timeout on job {tag} hung")),
+            Err(hung) => self.fail(hung),
         };
         if st.terminal() {
             let taken = self.slots[i].taken;
@@ -1777,9 +1710,9 @@ impl Harness {
             let tag = self.slots[i].tag;
             let taken = self.slots[i].taken;
             let handle = &mut self.slots[i].handle;
-            let got = match tokio::time::timeout(HANG, handle).await {
+            let got = match try_within(&format!("awaiting job {tag} at the end"), handle).await {
                 Ok(got) => got,
-                Err(_) => self.fail(format!("awaiting job {tag} at the end hung")),
+                Err(hung) => self.fail(hung),
             };
             self.check_outcome("final await", tag, taken, &got);
             self.slots[i].taken = true;

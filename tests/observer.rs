@@ -5,7 +5,7 @@
 //!
 //! Ordering is by gates and "started" messages, never by sleeps.
 
-mod lifecycle_support;
+mod support;
 
 use std::collections::BTreeMap;
 use std::future::IntoFuture;
@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use lifecycle_support::*;
 use offloader::{
     AbandonPolicy, Error, EventKind, Fate, JobEvent, JobId, JobState, Observer, Offloader,
 };
+use support::*;
 
 /// Records every event it is given.
 #[derive(Default)]
@@ -63,9 +63,7 @@ impl Log {
 }
 
 fn observed(max_in_flight: usize, observer: Arc<dyn Observer>) -> Offloader {
-    Offloader::builder()
-        .max_in_flight(max_in_flight)
-        .queue_capacity(16)
+    builder(max_in_flight, 16)
         .observer(observer)
         .build()
         .expect("valid configuration")
@@ -171,18 +169,7 @@ async fn completed_and_panicked_jobs_give_accepted_started_finished_in_order() {
 async fn cancelled_job_gives_accepted_then_finished_cancelled() {
     let log = Arc::new(Log::default());
     let pool = observed(1, log.clone());
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
-    let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
-    let running = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            g.wait();
-        })
-        .spawn()
-        .expect("room");
-    recv(&mut started).await;
+    let running = occupy(&pool, 1).await;
     let queued = pool
         .offload(|_stop| ())
         .name("cancel-me")
@@ -194,8 +181,7 @@ async fn cancelled_job_gives_accepted_then_finished_cancelled() {
         within("cancelled", queued).await,
         Err(Error::Cancelled { .. })
     ));
-    gate.open();
-    within("running", running).await.unwrap();
+    running.release().await;
     within("idle()", pool.idle()).await;
     assert_eq!(
         log.kinds(qid),
@@ -222,7 +208,7 @@ async fn shutdown_now_gives_never_started_for_queued_jobs() {
         .name("running")
         .spawn()
         .expect("room");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
     let rid = running.id();
     let queued: Vec<_> = (0..2)
         .map(|i| {
@@ -266,13 +252,12 @@ async fn shutdown_now_gives_never_started_for_queued_jobs() {
 async fn timed_out_caller_gives_abandoned_with_the_jobs_state() {
     let log = Arc::new(Log::default());
     let pool = observed(1, log.clone());
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
+    let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
     // Submitted by one poll, then the test waits for "started" before it
     // lets the caller's timeout be observed: the job is running by then.
-    let g = gate.clone();
+    let g = hold.clone();
     let mut fut = Box::pin(
         pool.offload(move |_stop| {
             let _ = started_tx.send(());
@@ -282,9 +267,9 @@ async fn timed_out_caller_gives_abandoned_with_the_jobs_state() {
         .with_timeout(Duration::from_millis(20))
         .into_future(),
     );
-    assert!(!poll_once(fut.as_mut()).await);
+    assert!(poll_once(fut.as_mut()).await.is_pending());
     let id = fut.job_id().expect("accepted on the first poll");
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
 
     // A second caller times out while its job is still queued behind the
     // first; CancelIfQueued then cancels it.
@@ -294,7 +279,7 @@ async fn timed_out_caller_gives_abandoned_with_the_jobs_state() {
             .on_abandon(AbandonPolicy::CancelIfQueued)
             .into_future(),
     );
-    assert!(!poll_once(queued_fut.as_mut()).await);
+    assert!(poll_once(queued_fut.as_mut()).await.is_pending());
     let qid = queued_fut.job_id().expect("accepted on the first poll");
 
     let err = within("the running caller's timeout", fut)
@@ -449,8 +434,7 @@ async fn the_observer_may_call_back_into_the_pool() {
     // fails the test through the timeout instead of hanging it.
     let p = pool.clone();
     let body = tokio::spawn(async move {
-        let gate = Gate::new();
-        let _release = OpenOnDrop(gate.clone());
+        let (gate, hold) = gate();
         let (started_tx, mut started) = signal::<()>();
 
         let trigger = p
@@ -463,7 +447,7 @@ async fn the_observer_may_call_back_into_the_pool() {
         for _ in 0..4 {
             assert_eq!(p.offload(|_stop| 1).await.unwrap(), 1);
         }
-        let g = gate.clone();
+        let g = hold.clone();
         let held = p
             .offload(move |stop| {
                 let _ = started_tx.send(());
@@ -472,7 +456,7 @@ async fn the_observer_may_call_back_into_the_pool() {
             })
             .spawn()
             .expect("room");
-        recv(&mut started).await;
+        recv("a function started", &mut started).await;
         let _queued: Vec<_> = (0..3)
             .map(|_| p.offload(|_stop| ()).spawn().expect("room"))
             .collect();
@@ -561,8 +545,8 @@ async fn after_termination_every_event_has_been_delivered() {
             .expect("room"),
         );
     }
-    recv(&mut started).await;
-    recv(&mut started).await;
+    recv("a function started", &mut started).await;
+    recv("a function started", &mut started).await;
     let queued: Vec<_> = (0..4)
         .map(|_| pool.offload(|_stop| false).spawn().expect("room"))
         .collect();
@@ -596,18 +580,18 @@ async fn after_termination_every_event_has_been_delivered() {
 /// after telling the test it is blocked.
 struct BlockOnce {
     block_on: EventKind,
-    gate: Gate,
+    gate: Hold,
     blocked: Mutex<Option<tokio::sync::mpsc::UnboundedSender<()>>>,
     log: Log,
 }
 
 impl BlockOnce {
     fn new(block_on: EventKind) -> (Arc<Self>, Gate, tokio::sync::mpsc::UnboundedReceiver<()>) {
-        let gate = Gate::new();
+        let (gate, hold) = gate();
         let (tx, rx) = signal();
         let me = Arc::new(BlockOnce {
             block_on,
-            gate: gate.clone(),
+            gate: hold,
             blocked: Mutex::new(Some(tx)),
             log: Log::default(),
         });
@@ -632,31 +616,18 @@ impl Observer for BlockOnce {
 async fn idle_waits_for_an_observer_that_is_still_delivering() {
     let (observer, observer_gate, mut blocked) =
         BlockOnce::new(EventKind::Finished(JobState::Cancelled));
-    let _release_observer = OpenOnDrop(observer_gate.clone());
     let pool = observed(1, observer.clone());
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
-    let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
-    let running = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            g.wait();
-        })
-        .spawn()
-        .expect("room");
-    recv(&mut started).await;
+    let running = occupy(&pool, 1).await;
     let queued = pool.offload(|_stop| ()).spawn().expect("room");
     let qid = queued.id();
 
     // The cancel's own thread delivers `Finished(Cancelled)` and is held
     // inside the observer.
     let canceller = tokio::task::spawn_blocking(move || queued.cancel());
-    recv(&mut blocked).await;
+    recv("the observer is blocked", &mut blocked).await;
     // The running job finishes meanwhile; its events queue up behind the
     // delivery in progress.
-    gate.open();
-    within("the running job", running).await.unwrap();
+    running.release().await;
     let m = pool.metrics();
     assert_eq!(
         (m.queued, m.running, m.completed, m.cancelled),
@@ -692,28 +663,15 @@ async fn idle_waits_for_an_observer_that_is_still_delivering() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn termination_waits_for_an_observer_that_is_still_delivering() {
     let (observer, observer_gate, mut blocked) = BlockOnce::new(EventKind::NeverStarted);
-    let _release_observer = OpenOnDrop(observer_gate.clone());
     let pool = observed(1, observer.clone());
-    let gate = Gate::new();
-    let _release = OpenOnDrop(gate.clone());
-    let (started_tx, mut started) = signal::<()>();
-    let g = gate.clone();
-    let running = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            g.wait(); // ignores its token
-        })
-        .spawn()
-        .expect("room");
-    recv(&mut started).await;
+    let running = occupy(&pool, 1).await;
     let queued = pool.offload(|_stop| ()).spawn().expect("room");
 
     // shutdown_now's own thread delivers `NeverStarted` and is held there.
     let p = pool.clone();
     let stopper = tokio::task::spawn_blocking(move || p.shutdown_now());
-    recv(&mut blocked).await;
-    gate.open();
-    within("the running job", running).await.unwrap();
+    recv("the observer is blocked", &mut blocked).await;
+    running.release().await;
     // Every job is terminal and every worker thread has exited; only the
     // delivery is still in progress.
     eventually("the worker exits", || pool.metrics().workers == 0).await;

@@ -1,20 +1,13 @@
 //! What people read: error messages, states and reports say what happened to
 //! the job (DESIGN inv. 2), with its id, its state and its fate.
 
-mod common;
+mod support;
 
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use common::{gate, recv, signal, within};
-use offloader::{AbandonPolicy, Error, JobState, Offloader};
-
-fn single() -> Offloader {
-    Offloader::builder()
-        .max_in_flight(1)
-        .build()
-        .expect("valid configuration")
-}
+use offloader::{AbandonPolicy, Error, JobState, DEFAULT_QUEUE_CAPACITY};
+use support::{gate, occupy, pool, recv, signal, within};
 
 #[test]
 fn job_states_read_as_what_happened() {
@@ -37,8 +30,8 @@ fn job_states_read_as_what_happened() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_names_the_job_its_state_and_its_fate_and_the_job_outlives_its_caller() {
-    let pool = single();
-    let (mut open, hold) = gate();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let (open, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
     let running = pool
         .offload(move |_stop| {
@@ -82,39 +75,20 @@ async fn a_timeout_names_the_job_its_state_and_its_fate_and_the_job_outlives_its
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spawned_job_whose_owner_keeps_its_handle_has_not_lost_its_caller() {
-    let pool = single();
-    let (mut open, hold) = gate();
-    let (started_tx, mut started) = signal::<()>();
-    let job = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            hold.wait();
-        })
-        .spawn()
-        .expect("room");
-    recv("started", &mut started).await;
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let job = occupy(&pool, 1).await;
     let listed = pool.running_jobs();
     assert!(
         listed[0].caller_waiting && !listed[0].caller_left,
         "{listed:?}"
     );
-    open.open();
-    within("job", job).await.expect("completed");
+    job.release().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_panicked_and_unstarted_errors_say_the_function_never_ran_or_how_it_ended() {
-    let pool = single();
-    let (mut open, hold) = gate();
-    let (started_tx, mut started) = signal::<()>();
-    let busy = pool
-        .offload(move |_stop| {
-            let _ = started_tx.send(());
-            hold.wait();
-        })
-        .spawn()
-        .expect("room");
-    recv("started", &mut started).await;
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let busy = occupy(&pool, 1).await;
     let queued = pool.offload(|_stop| ()).spawn().expect("room");
     assert!(queued.cancel());
     let text = within("cancelled", queued).await.unwrap_err().to_string();
@@ -135,10 +109,9 @@ async fn cancelled_panicked_and_unstarted_errors_say_the_function_never_ran_or_h
         text.contains("never started") && text.contains("shut down immediately"),
         "{text}"
     );
-    open.open();
-    within("busy", busy).await.expect("completed");
+    busy.release().await;
 
-    let pool = single();
+    let pool = support::pool(1, DEFAULT_QUEUE_CAPACITY);
     let err = pool
         .offload(|_stop| -> () { panic!("on purpose: disk on fire") })
         .await

@@ -1,14 +1,14 @@
 //! The stop token: `on_stop` callbacks, the stop-aware sleep, `check`, and
 //! the deadline the function sees.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::*;
-use offloader::{JobState, Offloader, StopToken, Stopped};
+use offloader::{JobState, StopToken, Stopped, DEFAULT_QUEUE_CAPACITY};
+use support::*;
 
 fn counter() -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let c = Arc::new(AtomicUsize::new(0));
@@ -158,7 +158,7 @@ fn a_panicking_callback_does_not_prevent_the_others() {
 fn dropping_the_guard_waits_for_a_callback_running_on_another_thread() {
     let stop = StopToken::new();
     let (in_cb_tx, in_cb_rx) = mpsc::channel();
-    let (mut g, hold) = gate();
+    let (g, hold) = gate();
     let finished = Arc::new(AtomicBool::new(false));
     let fin = finished.clone();
     let guard = stop.on_stop(move || {
@@ -216,7 +216,7 @@ fn a_callback_may_drop_its_own_guard_without_deadlock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handle_stop_fires_the_jobs_callback_to_abort_blocking_io() {
-    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
     let h = pool
         .offload(move |stop| -> std::io::Result<&'static str> {
@@ -253,7 +253,7 @@ async fn handle_stop_fires_the_jobs_callback_to_abort_blocking_io() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_aware_sleep_wakes_early_on_handle_stop() {
-    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (sleeping_tx, mut sleeping) = signal::<()>();
     let mut h = pool
         .offload(move |stop| {
@@ -329,7 +329,7 @@ fn check_and_stopped_into_io_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_is_visible_inside_the_function() {
-    let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+    let pool = pool(2, DEFAULT_QUEUE_CAPACITY);
     let limit = Duration::from_secs(30);
 
     // Awaited with a timeout.

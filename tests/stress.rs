@@ -2,7 +2,7 @@
 //! identity and the concurrency limit under a randomized mix of timeouts,
 //! drops, cancels, stops and panics.
 
-mod common;
+mod support;
 
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,10 +10,10 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
-use common::*;
 use offloader::{
     AbandonPolicy, Error, JobHandle, JobState, Metrics, Offloader, Rejected, StopToken,
 };
+use support::*;
 
 /// Takes snapshots on its own thread until told to stop; each must balance
 /// and respect the limit. Returns how many it took.
@@ -46,11 +46,7 @@ fn spawn_snapshotter(
 async fn cancel_racing_start_exactly_one_wins_for_every_job() {
     const N: usize = 20_000;
     const LIMIT: usize = 3;
-    let pool = Offloader::builder()
-        .max_in_flight(LIMIT)
-        .queue_capacity(256)
-        .build()
-        .expect("valid");
+    let pool = pool(LIMIT, 256);
     let flags: Arc<Vec<AtomicBool>> = Arc::new((0..N).map(|_| AtomicBool::new(false)).collect());
     let conc = Concurrency::default();
     let done = Arc::new(AtomicBool::new(false));
@@ -194,17 +190,13 @@ async fn ledger_and_limit_hold_under_a_randomized_mix() {
     const OPS: usize = 1_500;
     const LIMIT: usize = 3;
     let seed = 0x9E37_79B9_7F4A_7C15_u64;
-    let pool = Offloader::builder()
-        .max_in_flight(LIMIT)
-        .queue_capacity(128)
-        .build()
-        .expect("valid");
+    let pool = pool(LIMIT, 128);
     let conc = Concurrency::default();
     let done = Arc::new(AtomicBool::new(false));
     let snapshots = spawn_snapshotter(pool.clone(), LIMIT, done.clone());
     let mut rng = Rng(seed);
     let mut tasks = tokio::task::JoinSet::new();
-    quiet_intentional_panics();
+    quiet_deliberate_panics();
 
     for op in 0..OPS {
         // Waves, so that most jobs find room in the queue; some still do not.

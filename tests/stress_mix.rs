@@ -6,20 +6,22 @@
 //!
 //! Set `OFFLOADER_STRESS_SEED=<u64>` to replay one seed.
 
-mod lifecycle_support;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lifecycle_support::*;
-use offloader::{AbandonPolicy, Error, Fate, Metrics, Offloader, Rejected, StopToken, Stopped};
+use offloader::{AbandonPolicy, Error, Fate, Metrics, Rejected, StopToken, Stopped};
+use support::*;
 
 const MAX_IN_FLIGHT: u64 = 4;
 const QUEUE_CAPACITY: u64 = 64;
 const JOBS: usize = 4_000;
-const PANIC_MARK: &str = "stress-mix panic";
+/// Message of the deliberate panics; contains `support::ON_PURPOSE`, so the
+/// panic hook keeps them quiet.
+const PANIC_MARK: &str = "stress-mix panic on purpose";
 /// Most caller tasks alive at once.
 const OUTSTANDING: usize = 96;
 
@@ -81,38 +83,15 @@ enum Mode {
     Submit,
 }
 
-/// Shared between the functions and the checks.
-#[derive(Default)]
-struct World {
-    in_flight: AtomicU64,
-    max_in_flight_seen: AtomicU64,
-}
-
-struct InFlight<'a>(&'a World);
-
-impl<'a> InFlight<'a> {
-    fn enter(world: &'a World) -> Self {
-        let now = world.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        world.max_in_flight_seen.fetch_max(now, Ordering::SeqCst);
-        InFlight(world)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 fn body(
     work: Work,
     idx: usize,
     runs: &AtomicU32,
-    world: &World,
+    conc: &Concurrency,
     stop: &StopToken,
 ) -> Result<usize, Stopped> {
     runs.fetch_add(1, Ordering::SeqCst);
-    let _in = InFlight::enter(world);
+    let _in = conc.enter();
     match work {
         Work::Quick => Ok(idx),
         Work::Sleep(us) => {
@@ -192,22 +171,6 @@ fn record(
     }
 }
 
-fn quiet_expected_panics() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let expected = info
-                .payload()
-                .downcast_ref::<String>()
-                .is_some_and(|m| m.contains(PANIC_MARK));
-            if !expected {
-                default(info);
-            }
-        }));
-    });
-}
-
 fn check_snapshot(m: &Metrics) -> Result<(), String> {
     if !m.ledger_balances() {
         return Err(format!("ledger does not balance: {m:?}"));
@@ -227,14 +190,10 @@ fn check_snapshot(m: &Metrics) -> Result<(), String> {
 }
 
 async fn run_mix(seed: u64) -> Vec<usize> {
-    quiet_expected_panics();
+    quiet_deliberate_panics();
     let mut rng = Rng::new(seed);
-    let pool = Offloader::builder()
-        .max_in_flight(MAX_IN_FLIGHT as usize)
-        .queue_capacity(QUEUE_CAPACITY as usize)
-        .build()
-        .expect("valid configuration");
-    let world = Arc::new(World::default());
+    let pool = pool(MAX_IN_FLIGHT as usize, QUEUE_CAPACITY as usize);
+    let conc = Concurrency::default();
 
     // The sampler: a plain thread, so it samples while runtime threads are
     // busy too.
@@ -324,8 +283,8 @@ async fn run_mix(seed: u64) -> Vec<usize> {
             _ => Mode::Submit,
         };
         let rec = rec.clone();
-        let w = world.clone();
-        let f = move |stop: &StopToken| body(work, idx, &rec.runs, &w, stop);
+        let c = conc.clone();
+        let f = move |stop: &StopToken| body(work, idx, &rec.runs, &c, stop);
         attempts.fetch_add(1, Ordering::SeqCst);
 
         match mode {
@@ -541,13 +500,13 @@ async fn run_mix(seed: u64) -> Vec<usize> {
         m.rejected_shutdown > 0 || shutdown_at == JOBS - 1,
         "seed {seed}: {m:?}"
     );
-    let seen_max = world.max_in_flight_seen.load(Ordering::SeqCst);
+    let seen_max = conc.max() as u64;
     assert!(
         seen_max <= MAX_IN_FLIGHT,
         "seed {seed}: {seen_max} functions ran at once"
     );
     assert!(m.max_running <= MAX_IN_FLIGHT, "seed {seed}: {m:?}");
-    assert_eq!(world.in_flight.load(Ordering::SeqCst), 0);
+    assert_eq!(conc.now(), 0);
 
     let mut tally: Vec<_> = tally.into_iter().collect();
     tally.sort();

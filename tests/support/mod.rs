@@ -1,0 +1,361 @@
+//! Helpers shared by every integration test (`mod support;`): gates that
+//! hold a function until the test opens them, "started" signals, bounded
+//! waits, a concurrency probe, pool builders, and a quiet panic hook.
+//!
+//! Nothing here orders events with sleeps: "the function runs now" is a
+//! message it sends, "the function may return now" is a gate the test opens,
+//! and every wait is bounded by [`HANG`] so that a hang fails the test.
+
+#![allow(dead_code)]
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use offloader::{Builder, JobHandle, Metrics, Offloader, StopToken};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+/// Bound on any wait that must complete; reached only if the library hangs.
+pub(crate) const HANG: Duration = Duration::from_secs(20);
+
+/// A short bound, used only while what it waits for is held on a gate.
+pub(crate) const SHORT: Duration = Duration::from_millis(30);
+
+/// Marks a deliberate panic's message, for [`quiet_deliberate_panics`].
+pub(crate) const ON_PURPOSE: &str = "on purpose";
+
+/// The most a held function waits for its gate: past every test-side bound, yet finite.
+const HOLD_LIMIT: Duration = Duration::from_secs(3 * HANG.as_secs());
+
+// ---------------------------------------------------------------------------
+// Bounded waits
+
+/// Awaits `fut`, failing the test if it takes longer than [`HANG`].
+pub(crate) async fn within<F: IntoFuture>(what: &str, fut: F) -> F::Output {
+    try_within(what, fut)
+        .await
+        .unwrap_or_else(|hung| panic!("{hung}"))
+}
+
+/// [`within`] returning the failure message, for a caller that fails with more context.
+pub(crate) async fn try_within<F: IntoFuture>(what: &str, fut: F) -> Result<F::Output, String> {
+    tokio::time::timeout(HANG, fut)
+        .await
+        .map_err(|_| format!("hung for {HANG:?} waiting for: {what}"))
+}
+
+/// Runs `f` on a helper thread, failing the test if it takes longer than [`HANG`].
+pub(crate) fn within_blocking<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(HANG) {
+        Ok(v) => v,
+        Err(_) => panic!("hung for {HANG:?} waiting for: {what}"),
+    }
+}
+
+/// `true` if `fut` is still pending after [`SHORT`] (only while what it awaits is held).
+pub(crate) async fn still_pending<F: IntoFuture>(fut: F) -> bool {
+    tokio::time::timeout(SHORT, fut).await.is_err()
+}
+
+/// Waits until `cond` holds (a condition, not an ordering by sleep), failing after [`HANG`].
+pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition never held within {HANG:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Polls `fut` exactly once and returns what that poll gave.
+pub(crate) async fn poll_once<F: Future + ?Sized>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(move |cx| Poll::Ready(fut.as_mut().poll(cx))).await
+}
+
+// ---------------------------------------------------------------------------
+// Gates and signals
+
+#[derive(Debug, Default)]
+struct GateState {
+    open: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl GateState {
+    fn lock(&self) -> MutexGuard<'_, bool> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A closed gate: the test keeps the [`Gate`], functions wait on (clones of) the [`Hold`].
+pub(crate) fn gate() -> (Gate, Hold) {
+    let state = Arc::new(GateState::default());
+    (Gate(state.clone()), Hold(state))
+}
+
+/// The test's end of a gate; dropping it opens it, so a failing test holds no worker.
+#[derive(Debug)]
+pub(crate) struct Gate(Arc<GateState>);
+
+impl Gate {
+    /// Lets every function held on this gate go on (now and later).
+    pub(crate) fn open(&self) {
+        *self.0.lock() = true;
+        self.0.changed.notify_all();
+    }
+
+    /// Whether the gate has been opened.
+    pub(crate) fn is_open(&self) -> bool {
+        *self.0.lock()
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// The functions' end of a gate; clone it to hold several functions on one gate.
+#[derive(Clone, Debug)]
+pub(crate) struct Hold(Arc<GateState>);
+
+impl Hold {
+    /// Blocks the calling (worker) thread until the gate opens; ignores any stop token.
+    pub(crate) fn wait(&self) {
+        self.wait_until(|| false);
+    }
+
+    /// Blocks until the gate opens or stop is requested; returns `stop.is_stopped()`.
+    pub(crate) fn wait_or_stop(&self, stop: &StopToken) -> bool {
+        let state = self.0.clone();
+        let _wake = stop.on_stop(move || {
+            // Taken so that the notification cannot fall between the
+            // waiter's check and its wait.
+            let _open = state.lock();
+            state.changed.notify_all();
+        });
+        self.wait_until(|| stop.is_stopped());
+        stop.is_stopped()
+    }
+
+    fn wait_until(&self, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + HOLD_LIMIT;
+        let mut open = self.0.lock();
+        while !*open && !done() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            open = self
+                .0
+                .changed
+                .wait_timeout(open, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A "started" signal: functions send on the sender, the test receives with [`recv`].
+pub(crate) fn signal<T>() -> (UnboundedSender<T>, UnboundedReceiver<T>) {
+    tokio::sync::mpsc::unbounded_channel()
+}
+
+/// Receives the next signal, failing the test if none comes within [`HANG`].
+pub(crate) async fn recv<T>(what: &str, rx: &mut UnboundedReceiver<T>) -> T {
+    within(what, rx.recv())
+        .await
+        .unwrap_or_else(|| panic!("signal channel closed while waiting for: {what}"))
+}
+
+/// [`recv`] for code outside any async runtime (a plain thread or a `#[test]`).
+pub(crate) fn recv_blocking<T>(what: &str, rx: &mut UnboundedReceiver<T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime for one bounded wait")
+        .block_on(recv(what, rx))
+}
+
+/// A flag, false until a function sets it (clone it into the function).
+pub(crate) fn flag() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency probe
+
+/// Counts functions inside their body right now, and the most ever at once.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Concurrency {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+}
+
+impl Concurrency {
+    /// Call first thing in the function; keep the guard until it returns.
+    pub(crate) fn enter(&self) -> InFlight {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        InFlight {
+            now: self.now.clone(),
+        }
+    }
+
+    /// Functions inside their body right now.
+    pub(crate) fn now(&self) -> usize {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    /// The most functions ever inside their body at once.
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+}
+
+/// Leaves the [`Concurrency`] count when dropped (also while unwinding).
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    now: Arc<AtomicUsize>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Pools
+
+/// [`pool`]'s builder, for a test that also sets a thread name, an observer, ...
+pub(crate) fn builder(max_in_flight: usize, queue_capacity: usize) -> Builder {
+    Offloader::builder()
+        .max_in_flight(max_in_flight)
+        .queue_capacity(queue_capacity)
+}
+
+/// A pool with `max_in_flight` permits and room for `queue_capacity` queued jobs.
+pub(crate) fn pool(max_in_flight: usize, queue_capacity: usize) -> Offloader {
+    builder(max_in_flight, queue_capacity)
+        .build()
+        .expect("valid configuration")
+}
+
+/// Permits taken by [`occupy`]: running functions held on one gate.
+#[derive(Debug)]
+pub(crate) struct Occupied {
+    /// Holds every blocker; dropping it lets them return.
+    pub(crate) gate: Gate,
+    /// The blockers' handles, in submission order.
+    pub(crate) handles: Vec<JobHandle<()>>,
+}
+
+impl Occupied {
+    /// Opens the gate and waits (bounded) until every blocker completed.
+    pub(crate) async fn release(self) {
+        self.gate.open();
+        for h in self.handles {
+            within("a blocker after its gate opened", h)
+                .await
+                .expect("a blocker completes");
+        }
+    }
+}
+
+/// Fills `permits` permits with "blocker" functions held on one gate; returns once all run.
+pub(crate) async fn occupy(pool: &Offloader, permits: usize) -> Occupied {
+    let (gate, hold) = gate();
+    let (tx, mut rx) = signal();
+    let handles = (0..permits)
+        .map(|_| {
+            let (tx, hold) = (tx.clone(), hold.clone());
+            pool.offload(move |_stop| {
+                tx.send(()).expect("test alive");
+                hold.wait();
+            })
+            .name("blocker")
+            .spawn()
+            .expect("blocker accepted")
+        })
+        .collect();
+    for _ in 0..permits {
+        recv("a blocker started", &mut rx).await;
+    }
+    Occupied { gate, handles }
+}
+
+/// On a one-permit pool, waits until every job accepted before is terminal *and* counted.
+pub(crate) async fn drain_single(pool: &Offloader) {
+    // The one worker takes jobs in order and counts each before publishing
+    // it: once this no-op job's outcome is here, everything ahead is done.
+    within(
+        "a barrier job on a single-worker pool",
+        pool.offload(|_stop| ()),
+    )
+    .await
+    .expect("barrier job runs");
+}
+
+/// Asserts the ledger identity of one snapshot, with the numbers in the message.
+#[track_caller]
+pub(crate) fn assert_ledger(m: &Metrics) {
+    assert!(
+        m.ledger_balances(),
+        "ledger does not balance: accepted {} != queued {} + running {} + terminal {} ({m:?})",
+        m.accepted,
+        m.queued,
+        m.running,
+        m.terminal()
+    );
+}
+
+/// Threads of this process named `name` (at most 15 bytes on Linux); 0 without `/proc`.
+pub(crate) fn threads_named(name: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .map(|c| c.trim_end() == name)
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+// ---------------------------------------------------------------------------
+// Output
+
+/// Hides deliberate panics: a message containing [`ON_PURPOSE`], or a non-string payload.
+pub(crate) fn quiet_deliberate_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+            // Only a test panics with a payload that is not a string.
+            let deliberate = message.is_none_or(|m| m.contains(ON_PURPOSE));
+            if !deliberate {
+                default(info);
+            }
+        }));
+    });
+}

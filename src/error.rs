@@ -65,6 +65,15 @@ pub enum Error {
     /// had returned its result.
     #[error("the offload future was polled after it had completed")]
     PolledAfterCompletion,
+    /// A function of this pool blocked waiting for a job of the same pool
+    /// that is still queued, while every other permit is held by functions
+    /// doing the same: the job could never start, so the wait fails instead
+    /// of hanging. The job itself stays queued.
+    #[error("waiting for job {id} from inside its own pool would never return: it is queued and every permit is held by a function waiting for a queued job of the same pool (raise max_in_flight, use another pool for the inner jobs, or return and await them from async code)")]
+    WouldDeadlock {
+        /// The job that was waited for.
+        id: JobId,
+    },
     /// The outcome was already taken from this handle by an earlier wait.
     #[error("the outcome of job {id} was already taken by an earlier wait")]
     OutcomeTaken {
@@ -120,6 +129,7 @@ impl Error {
             Error::Rejected(r) => Error::Rejected(r.again()),
             Error::PolledAfterCompletion => Error::PolledAfterCompletion,
             Error::OutcomeTaken { id } => Error::OutcomeTaken { id: *id },
+            Error::WouldDeadlock { id } => Error::WouldDeadlock { id: *id },
         }
     }
 
@@ -130,7 +140,8 @@ impl Error {
             | Error::Cancelled { id }
             | Error::Unstarted { id }
             | Error::Panicked { id, .. }
-            | Error::OutcomeTaken { id } => Some(*id),
+            | Error::OutcomeTaken { id }
+            | Error::WouldDeadlock { id } => Some(*id),
             Error::Rejected(_) | Error::PolledAfterCompletion => None,
         }
     }

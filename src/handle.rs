@@ -160,8 +160,16 @@ impl<T> JobHandle<T> {
     }
 
     /// Blocks the current thread until the outcome is ready, for synchronous
-    /// callers. Do not call it on an async runtime's worker thread.
+    /// callers. Do not call it on an async runtime's worker thread: it blocks
+    /// that thread and every task scheduled on it.
+    ///
+    /// Called by a function running on the same pool while the job is still
+    /// queued, it fails at once with [`Error::WouldDeadlock`] if every other
+    /// permit is held by functions doing the same: the job could never start.
+    /// From inside a job, prefer returning and letting the caller await both
+    /// jobs, or give the inner work its own pool.
     pub fn blocking_wait(self) -> Result<T, Error> {
+        let _waiting = self.pool.enter_own_wait(self.job.core())?;
         match self.job.wait_outcome(None) {
             Some(outcome) => outcome,
             None => Err(Error::OutcomeTaken { id: self.id() }),
@@ -171,6 +179,7 @@ impl<T> JobHandle<T> {
     /// Blocks at most `limit` for the outcome; on timeout returns
     /// [`Error::TimedOut`] and the handle stays usable.
     pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
+        let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
         match self.job.wait_outcome(began.checked_add(limit)) {
             Some(outcome) => outcome,

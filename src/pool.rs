@@ -400,6 +400,42 @@ impl Inner {
     }
 }
 
+/// A function of a pool blocked waiting for a queued job of the same pool
+/// (ARCHITECTURE.md "Waiting from inside the pool"); dropping it ends the
+/// wait's registration.
+pub(crate) struct OwnWait<'a> {
+    inner: &'a Inner,
+}
+
+impl Drop for OwnWait<'_> {
+    fn drop(&mut self) {
+        self.inner.lock().own_wait_ended();
+    }
+}
+
+impl Inner {
+    /// Registers a blocking wait for `core` made by a function running on
+    /// this pool while `core` is queued. Fails with
+    /// [`Error::WouldDeadlock`] if that would make every permit held by such
+    /// a wait (the job could never start). `None` when the wait is not from
+    /// this pool's worker or the job is not queued.
+    pub(crate) fn enter_own_wait(&self, core: &JobCore) -> Result<Option<OwnWait<'_>>, Error> {
+        if !crate::worker::on_worker_of(self) {
+            return Ok(None);
+        }
+        let mut s = self.lock();
+        if core.state() != crate::id::JobState::Queued {
+            return Ok(None);
+        }
+        if !s.own_wait_begins() {
+            drop(s);
+            tracing::warn!(id = core.id.0, "a function blocked waiting for a queued job of its own pool with every permit so held: refused instead of deadlocking");
+            return Err(Error::WouldDeadlock { id: core.id });
+        }
+        Ok(Some(OwnWait { inner: self }))
+    }
+}
+
 /// Counts one waiter in a [`State`] waiter count for as long as it exists,
 /// so that the transitions it waits for signal it; a dropped wait (a future
 /// cancelled mid-await) unregisters. The one way waiters are counted.

@@ -107,7 +107,13 @@ pub(crate) fn request_stop(src: &dyn StopSource) -> bool {
 /// policy when the caller stops waiting.
 ///
 /// The token is cheap to clone (one reference count) and `Send + Sync`, so
-/// it can be moved into a helper thread or a callback.
+/// it can be moved into a helper thread or a callback. A job's token *is* a
+/// reference to the job (the job is its own stop source, to save an
+/// allocation): a clone that escapes the function (stored in a struct, a
+/// global, a long-lived callback) keeps the job's allocation alive, and with
+/// it the job's outcome if nobody took it (a detached job's result is
+/// dropped only when the last clone goes). Drop clones when the call they
+/// serve returns.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -313,6 +319,10 @@ impl StopToken {
     /// Use it to abort an SDK's own blocking I/O: interrupt a database
     /// connection, shut down a socket. The callback runs on the thread that
     /// requests stop, so keep it short and non-blocking.
+    ///
+    /// Callbacks run **newest first** (in reverse order of registration), the
+    /// way nested scopes unwind: a callback registered for an inner call
+    /// runs before the one of the call around it.
     ///
     /// The returned guard unregisters the callback when dropped; if the
     /// callback is running on another thread at that moment, the drop waits

@@ -51,6 +51,25 @@ pub(crate) fn caller_spin(inner: &Inner) -> Duration {
     Duration::from_nanos(4 * recent + 2_000).min(CALLER_SPIN_BUDGET)
 }
 
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The pool whose worker this thread is (its address), or 0.
+    static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the current thread is a worker of `inner`.
+pub(crate) fn on_worker_of(inner: &Inner) -> bool {
+    #[cfg(not(loom))]
+    {
+        WORKER_OF.with(|w| w.get() == inner as *const Inner as usize)
+    }
+    #[cfg(loom)]
+    {
+        let _ = inner;
+        false
+    }
+}
+
 impl Inner {
     /// The worker thread's body: run jobs while there are any, with one lock
     /// acquisition per job (finish one, take the next), then spin or park.
@@ -58,6 +77,8 @@ impl Inner {
     /// A published outcome stays counted as unpublished until this worker's
     /// next lock acquisition, which saves a lock per job.
     fn work_loop(self: Arc<Self>, me: u64, slot: Key) {
+        #[cfg(not(loom))]
+        WORKER_OF.with(|w| w.set(Arc::as_ptr(&self) as usize));
         // `owed`: this worker published an outcome still counted as
         // unpublished.
         let mut owed = false;

@@ -493,3 +493,59 @@ async fn a_finished_handle_reports_its_terminal_state() {
     within("done", h.wait_timeout(HANG)).await.unwrap();
     assert_eq!(h.state(), JobState::Completed);
 }
+
+/// Item 13: a function that blocking-waits a queued job of its own pool
+/// while every other permit is held the same way fails at once with
+/// `WouldDeadlock` instead of hanging; the waited job still runs after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let inner_pool = pool.clone();
+    let outer = pool.offload(move |_| {
+        let inner = inner_pool.offload(|_| "inner").spawn().unwrap();
+        let id = inner.id();
+        let waited = inner.blocking_wait();
+        (id, waited.map_err(|e| (e.job_id(), e.to_string())))
+    });
+    let (id, waited) = within("outer", outer).await.unwrap();
+    let (err_id, text) = waited.expect_err("one permit, held by the waiter: would deadlock");
+    assert_eq!(err_id, Some(id));
+    assert!(text.contains("would never return"), "{text}");
+    within("the inner job runs once the outer returned", pool.idle()).await;
+    assert_eq!(pool.metrics().completed, 2);
+
+    // Two permits: the first such wait is fine (the other permit can run
+    // the job); the second, which would hold the last permit, is refused.
+    let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let p = pool.clone();
+    let first = pool
+        .offload(move |_| {
+            // Queued behind the second outer job's permit; waits for it.
+            let inner = p.offload(|_| 1).spawn().unwrap();
+            tx.send(()).unwrap();
+            inner.blocking_wait()
+        })
+        .spawn()
+        .unwrap();
+    let p = pool.clone();
+    let second = pool
+        .offload(move |_| {
+            hold.wait();
+            let inner = p.offload(|_| 2).spawn().unwrap();
+            inner.blocking_wait().map_err(|e| e.to_string())
+        })
+        .spawn()
+        .unwrap();
+    recv("first waits", &mut started).await;
+    g.open();
+    let second = within("second", second).await.unwrap();
+    let first = within("first", first).await.unwrap();
+    // The second wait would have held the last permit: refused. The first
+    // then gets its job, which the second's permit ran once it returned.
+    let text = second.expect_err("the last permit's wait is refused");
+    assert!(text.contains("would never return"), "{text}");
+    assert_eq!(first.unwrap(), 1);
+    within("idle", pool.idle()).await;
+}

@@ -164,6 +164,8 @@ pub(crate) struct State {
     unpublished: usize,
     room_waiters: usize,
     settle_waiters: usize,
+    /// Running functions blocked waiting for a queued job of this pool.
+    own_waiters: usize,
     shutdown: bool,
     /// The stuck-job monitor thread is alive.
     monitor: bool,
@@ -203,6 +205,7 @@ impl State {
             unpublished: 0,
             room_waiters: 0,
             settle_waiters: 0,
+            own_waiters: 0,
             shutdown: false,
             monitor: false,
             inject_spawn_failures: 0,
@@ -430,6 +433,22 @@ impl State {
             Waiters::Room => &mut self.room_waiters,
             Waiters::Settle => &mut self.settle_waiters,
         }
+    }
+
+    /// A running function starts waiting for a queued job of this pool;
+    /// `false` (and nothing counted) if then every permit would be held by
+    /// such a wait, so that the queued job could never start.
+    pub(crate) fn own_wait_begins(&mut self) -> bool {
+        if self.own_waiters + 1 >= self.max_in_flight {
+            return false;
+        }
+        self.own_waiters += 1;
+        true
+    }
+
+    /// A wait counted by [`State::own_wait_begins`] ended.
+    pub(crate) fn own_wait_ended(&mut self) {
+        self.own_waiters -= 1;
     }
 
     fn room_freed(&self, after: &mut After) {

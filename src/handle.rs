@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::clock::{hold_paused_clock, Began, ClockHold};
 use crate::error::{Error, Fate};
 use crate::id::{JobId, JobState};
 use crate::job::Outcome;
@@ -57,9 +58,11 @@ pub struct JobHandle<T> {
 
 /// The wait limit a handle got from [`Offload::with_timeout`](crate::Offload::with_timeout).
 struct Timer {
-    began: Instant,
+    began: Began,
     limit: Duration,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Holds a paused test clock while the job runs.
+    hold: Option<ClockHold>,
 }
 
 impl<T> JobHandle<T> {
@@ -72,11 +75,12 @@ impl<T> JobHandle<T> {
         }
     }
 
-    pub(crate) fn set_wait_limit(&mut self, began: Instant, limit: Duration) {
+    pub(crate) fn set_wait_limit(&mut self, began: Began, limit: Duration) {
         self.timer = Some(Box::new(Timer {
             began,
             limit,
             sleep: None,
+            hold: None,
         }));
     }
 
@@ -151,12 +155,27 @@ impl<T> JobHandle<T> {
     /// Needs a tokio runtime with the time driver, as
     /// `tokio::time::timeout` does.
     pub async fn wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
-        let began = Instant::now();
+        let began = Began::now();
+        let finished = self.finished_probe();
+        let hold = hold_paused_clock(move || !finished());
         let job = &self.job;
-        match tokio::time::timeout(limit, poll_fn(|cx| job.poll_outcome(cx))).await {
+        let waited = tokio::time::timeout_at(
+            began.timer_deadline(limit),
+            poll_fn(|cx| job.poll_outcome(cx)),
+        )
+        .await;
+        drop(hold);
+        match waited {
             Ok(outcome) => outcome,
-            Err(_) => self.timed_out(began.elapsed(), None),
+            Err(_) => self.timed_out(began.waited(), None),
         }
+    }
+
+    /// A probe that says whether the job's outcome is published, for a
+    /// paused-clock hold (it outlives borrows of the handle).
+    pub(crate) fn finished_probe(&self) -> impl Fn() -> bool + Send + 'static {
+        let job: Arc<dyn crate::job::Task> = self.job.clone();
+        move || job.is_published()
     }
 
     /// Blocks the current thread until the outcome is ready, for synchronous
@@ -294,18 +313,22 @@ impl<T> Future for JobHandle<T> {
             self.timer = None;
             return Poll::Ready(outcome);
         }
+        let finished = self.finished_probe();
         let Some(timer) = &mut self.timer else {
             return Poll::Pending;
         };
-        let deadline = crate::clock::deadline_after(timer.began, timer.limit);
+        if timer.sleep.is_none() {
+            timer.hold = hold_paused_clock(move || !finished());
+        }
+        let deadline = timer.began.timer_deadline(timer.limit);
         let sleep = timer
             .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.into())));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
         // The limit is spent; later awaits wait without one.
-        let waited = timer.began.elapsed();
+        let waited = timer.began.waited();
         self.timer = None;
         Poll::Ready(self.timed_out(waited, None))
     }

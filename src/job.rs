@@ -203,6 +203,9 @@ pub(crate) trait Task: StopSource {
     /// Drops the never-run function and publishes `error` as the outcome
     /// (the caller must have won `Queued → Cancelled/Unstarted`).
     fn discard(&self, error: Error);
+
+    /// Whether the outcome is published (or already taken).
+    fn is_published(&self) -> bool;
 }
 
 /// The typed face of a job that its owner handle sees.
@@ -211,7 +214,6 @@ pub(crate) trait Outcome<T>: Task {
     /// Blocks until the outcome is published or `until` passes; `None` on
     /// timeout.
     fn wait_outcome(&self, until: Option<Instant>) -> Option<Result<T, Error>>;
-    fn is_published(&self) -> bool;
 }
 
 /// A job with its function, outcome and stop state, in one allocation.
@@ -433,6 +435,13 @@ where
         self.publish(outcome);
     }
 
+    fn is_published(&self) -> bool {
+        matches!(
+            *lock(&self.cell),
+            Cell::Published { .. } | Cell::Taken { .. }
+        )
+    }
+
     fn discard(&self, error: Error) {
         let mut cell = lock(&self.cell);
         let previous = std::mem::replace(
@@ -499,13 +508,6 @@ where
                 }
             }
         }
-    }
-
-    fn is_published(&self) -> bool {
-        matches!(
-            *lock(&self.cell),
-            Cell::Published { .. } | Cell::Taken { .. }
-        )
     }
 }
 

@@ -8,6 +8,8 @@ use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::clock::{hold_paused_clock, Began, ClockHold};
+
 use crate::error::{Error, Rejected, SubmitError};
 use crate::handle::JobHandle;
 use crate::job::{Job, JobCore};
@@ -119,7 +121,7 @@ where
     /// # Ok(()) }
     /// ```
     pub fn spawn(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        self.try_accept(Instant::now()).map_err(|(reason, back)| {
+        self.try_accept(Began::now()).map_err(|(reason, back)| {
             back.pool.inner().count_refusal(&reason);
             SubmitError::new(reason, back.func)
         })
@@ -141,17 +143,18 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn submit(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        self.submit_from(Instant::now()).await
+        self.submit_from(Began::now()).await
     }
 
     /// [`submit`](Self::submit), with the caller's wait counted from `began`.
-    async fn submit_from(self, began: Instant) -> Result<JobHandle<T>, SubmitError<F>> {
+    async fn submit_from(self, began: Began) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
-        let wait_until = self.timeout.map(|limit| {
-            tokio::time::Instant::from_std(crate::clock::deadline_after(began, limit))
-        });
+        let wait_until = self.timeout.map(|limit| began.timer_deadline(limit));
+        // Under a paused test clock, the wait for room (for running jobs to
+        // finish) holds the clock as long as it lasts.
+        let _hold = wait_until.and_then(|_| hold_paused_clock(|| true));
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -172,7 +175,7 @@ where
                     if tokio::time::timeout_at(at, freed).await.is_err() {
                         let reason = Rejected::FullUntilTimeout {
                             capacity: inner.config.queue_capacity,
-                            waited: began.elapsed(),
+                            waited: began.waited(),
                         };
                         inner.count_refusal(&reason);
                         return Err(SubmitError::new(reason, this.func));
@@ -184,9 +187,10 @@ where
 
     /// One attempt: enqueues the job if there is room; otherwise hands the
     /// offload back, unchanged but for a spent job id.
-    fn try_accept(self, began: Instant) -> Result<JobHandle<T>, (Rejected, Self)> {
+    fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
         let inner = self.pool.inner().clone();
-        let wait_until = self.timeout.and_then(|t| began.checked_add(t));
+        // The function's deadline is in real time: it runs on real threads.
+        let wait_until = self.timeout.and_then(|t| began.real.checked_add(t));
         let deadline = match (wait_until, self.deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -233,7 +237,7 @@ where
     type IntoFuture = OffloadFuture<F, T>;
 
     fn into_future(self) -> OffloadFuture<F, T> {
-        let began = Instant::now();
+        let began = Began::now();
         let policy = self.policy.unwrap_or(self.pool.inner().config.abandon);
         OffloadFuture {
             began,
@@ -246,6 +250,7 @@ where
                 waiting: None,
             },
             timer: None,
+            hold: None,
         }
     }
 }
@@ -275,7 +280,7 @@ pin_project_lite::pin_project! {
     #[must_use = "futures do nothing unless polled"]
     pub struct OffloadFuture<F, T> {
         pool: Offloader,
-        began: Instant,
+        began: Began,
         // Whether this caller already spent its one short spin (pool.rs
         // `caller_spin`).
         spun: bool,
@@ -284,6 +289,8 @@ pin_project_lite::pin_project! {
         stage: Stage<F, T>,
         #[pin]
         timer: Option<tokio::time::Sleep>,
+        // Holds a paused test clock while the awaited job runs.
+        hold: Option<ClockHold>,
     }
 
     impl<F, T> PinnedDrop for OffloadFuture<F, T> {
@@ -347,7 +354,7 @@ where
                                 *waiting = None;
                                 let reason = Rejected::FullUntilTimeout {
                                     capacity: this.pool.inner().config.queue_capacity,
-                                    waited: this.began.elapsed(),
+                                    waited: this.began.waited(),
                                 };
                                 this.pool.inner().count_refusal(&reason);
                                 Err(Error::Rejected(reason))
@@ -368,6 +375,7 @@ where
                 Stage::Wait(handle) => {
                     if let Poll::Ready(outcome) = handle.poll_outcome(cx) {
                         *this.stage = Stage::Done;
+                        *this.hold = None;
                         return Poll::Ready(outcome);
                     }
                     if !std::mem::replace(this.spun, true)
@@ -375,10 +383,15 @@ where
                     {
                         continue;
                     }
+                    if this.limit.is_some() && this.hold.is_none() {
+                        let job = handle.finished_probe();
+                        *this.hold = hold_paused_clock(move || !job());
+                    }
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;
                     }
-                    let out = handle.timed_out(this.began.elapsed(), Some(*this.policy));
+                    *this.hold = None;
+                    let out = handle.timed_out(this.began.waited(), Some(*this.policy));
                     *this.stage = Stage::Done;
                     return Poll::Ready(out);
                 }
@@ -394,7 +407,7 @@ where
 /// limit has passed. Without a limit, never fires.
 fn poll_timer(
     mut timer: Pin<&mut Option<tokio::time::Sleep>>,
-    began: Instant,
+    began: Began,
     limit: Option<Duration>,
     cx: &mut Context<'_>,
 ) -> bool {
@@ -402,8 +415,7 @@ fn poll_timer(
         return false;
     };
     if timer.is_none() {
-        let at = crate::clock::deadline_after(began, limit);
-        timer.set(Some(tokio::time::sleep_until(at.into())));
+        timer.set(Some(tokio::time::sleep_until(began.timer_deadline(limit))));
     }
     match timer.as_pin_mut() {
         Some(sleep) => sleep.poll(cx).is_ready(),

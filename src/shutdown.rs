@@ -33,6 +33,7 @@
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
+use crate::clock::{hold_paused_clock, Began};
 use crate::error::Error;
 use crate::pool::{Inner, Offloader, Waiting};
 use crate::quiet::drop_quietly;
@@ -192,7 +193,14 @@ impl Offloader {
     ///
     /// Needs a tokio runtime with the time driver.
     pub async fn await_termination(&self, limit: Duration) -> bool {
-        tokio::time::timeout(limit, self.terminated()).await.is_ok()
+        let began = Began::now();
+        // Under a paused test clock, the pool's threads finishing their
+        // work hold the clock, as `spawn_blocking` tasks do.
+        let inner = self.inner().clone();
+        let _hold = hold_paused_clock(move || !inner.lock().threads_retired());
+        tokio::time::timeout_at(began.timer_deadline(limit), self.terminated())
+            .await
+            .is_ok()
     }
 
     /// Blocks the current thread until the pool terminates or `limit`
@@ -221,7 +229,7 @@ impl Offloader {
     /// # Ok(()) }
     /// ```
     pub async fn close(&self, graceful: Duration, after_stop: Duration) -> CloseReport {
-        let began = Instant::now();
+        let began = Began::now();
         let before = self.metrics();
         if self.inner().config.global {
             // The global pool ignores shutdown requests.
@@ -232,7 +240,7 @@ impl Offloader {
                 still_running: self.running_jobs(),
                 escalated: false,
                 terminated: false,
-                took: began.elapsed(),
+                took: began.waited(),
             };
         }
         self.shutdown();
@@ -264,7 +272,7 @@ impl Offloader {
             still_running,
             escalated,
             terminated,
-            took: began.elapsed(),
+            took: began.waited(),
         }
     }
 

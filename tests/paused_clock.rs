@@ -1,0 +1,132 @@
+//! Timeouts under tokio's paused test clock (issue 10, item 7): they work as
+//! `spawn_blocking` + `tokio::time::timeout` do. While a timed caller waits
+//! for work on the pool's threads, tokio does not auto-advance the paused
+//! clock; the caller's timer fires, and reports, in virtual time.
+//!
+//! The jobs here take a little real time (`WORK`): that is the work being
+//! waited for, not a way of ordering events; the assertions hold for any
+//! length of it.
+
+mod support;
+
+use std::future::IntoFuture;
+use std::time::Duration;
+
+use offloader::{Error, Offloader};
+use support::{gate, recv, signal, HANG};
+
+/// The real time a job takes.
+const WORK: Duration = Duration::from_millis(100);
+
+fn work(v: u32) -> impl FnOnce(&offloader::StopToken) -> u32 + Send + 'static {
+    move |_| {
+        std::thread::sleep(WORK);
+        v
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_timeout_waits_for_real_work_under_a_paused_clock() {
+    let pool = Offloader::builder().build().unwrap();
+    let began = tokio::time::Instant::now();
+    let v = pool
+        .offload(work(1))
+        .with_timeout(Duration::from_secs(10))
+        .await
+        .expect("the job finishes long before 10 s of virtual time");
+    assert_eq!(v, 1);
+    assert!(began.elapsed() < Duration::from_secs(10));
+
+    // The same with spawn_blocking, for reference: what users expect.
+    let v = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(|| {
+            std::thread::sleep(WORK);
+            2
+        }),
+    )
+    .await
+    .expect("spawn_blocking holds the clock")
+    .unwrap();
+    assert_eq!(v, 2);
+
+    // A spawned handle with a timeout, and wait_timeout.
+    let h = pool
+        .offload(work(3))
+        .with_timeout(Duration::from_secs(10))
+        .spawn()
+        .unwrap();
+    assert_eq!(h.await.unwrap(), 3);
+    let mut h = pool.offload(work(4)).spawn().unwrap();
+    assert_eq!(h.wait_timeout(Duration::from_secs(10)).await.unwrap(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_fires_and_reports_in_virtual_time() {
+    let pool = Offloader::builder().build().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let caller = tokio::spawn(
+        pool.offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .with_timeout(Duration::from_secs(10))
+        .into_future(),
+    );
+    recv("started", &mut started).await;
+    // The job is held: only an explicit advance moves the clock.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let err = tokio::time::timeout(HANG, caller)
+        .await
+        .expect("the caller's timer fired")
+        .unwrap()
+        .unwrap_err();
+    match &err {
+        &Error::TimedOut { waited, .. } => {
+            assert!(waited >= Duration::from_secs(10), "{waited:?}");
+            assert!(err.to_string().contains("after 1"), "{err}");
+        }
+        other => panic!("expected TimedOut, got {other:?}"),
+    }
+    g.open();
+    pool.idle().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn close_and_await_termination_wait_for_real_work_under_a_paused_clock() {
+    let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+    for i in 0..4 {
+        pool.offload(work(i)).spawn().unwrap().detach();
+    }
+    let report = pool
+        .close(Duration::from_secs(5), Duration::from_secs(5))
+        .await;
+    assert!(report.terminated && !report.escalated, "{report}");
+    assert_eq!(report.completed, 4);
+
+    let pool = Offloader::builder().build().unwrap();
+    pool.offload(work(5)).spawn().unwrap().detach();
+    pool.shutdown();
+    assert!(pool.await_termination(Duration::from_secs(5)).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_submit_waiting_for_room_keeps_its_timeout_in_virtual_time() {
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    pool.offload(work(1)).spawn().unwrap().detach();
+    pool.offload(work(2)).spawn().unwrap().detach();
+    // Room frees when the running job finishes in real time, long before
+    // 10 s of virtual time.
+    let h = pool
+        .offload(work(3))
+        .with_timeout(Duration::from_secs(10))
+        .submit()
+        .await
+        .expect("room within the timeout");
+    assert_eq!(h.await.unwrap(), 3);
+}

@@ -2,7 +2,7 @@
 //! then how the offloader's own queue operations scale with the queue length.
 //!
 //! ```text
-//! cargo run --release --example compare                  # full run, table (about 10 minutes on 2 cores)
+//! cargo run --release --example compare                  # full run, table (about 5 minutes on 2 cores)
 //! cargo run --release --example compare -- --json        # ... and one JSON object on the last line
 //! cargo run --release --example compare -- --quick       # well under a minute, to keep it working (CI)
 //! cargo run --release --example compare -- --rounds 3 --scale-max 65536
@@ -68,8 +68,9 @@
 //!   them, so when a thread of the first reading is gone, or when the
 //!   process's `utime + stime` from `/proc/self/stat` (which keeps exited
 //!   threads, in 10 ms ticks) exceeds the sum by more than two ticks, the
-//!   tick count is used instead. Everything the process does counts: the
-//!   runtime's workers submitting and awaiting, and the pool's threads.
+//!   tick count is used instead (the diagnostics say how often). Everything
+//!   the process does counts: the runtime's workers submitting and awaiting,
+//!   and the pool's threads.
 //! - `bytes_per_queued_job`: VmRSS growth over 100 000 detached no-op jobs
 //!   that stay queued behind a pool whose threads are all blocked on a gate
 //!   (limit 1; tokio's default pool: all its 512 threads), in a fresh process
@@ -592,6 +593,8 @@ struct Round {
     cpu_noop_ns: f64,
     /// CPU ns per job of the efficiency batch.
     cpu_50us_ns: f64,
+    /// How many of those two CPU readings fell back to 10 ms ticks.
+    cpu_from_ticks: f64,
     /// Diagnostics, not targets: ns per job spent submitting the limit-2
     /// throughput batch, and in the rest of it (until the last outcome).
     submit_ns_l2: f64,
@@ -827,6 +830,7 @@ fn measure_pass(
         results[k].submit_ns_l2 = r[2] * 1e9 / jobs;
         results[k].drain_ns_l2 = (r[0] - r[2]) * 1e9 / jobs;
         results[k].cpu_noop_ns = r[3] / jobs;
+        results[k].cpu_from_ticks += r[4];
     }
     for i in 0..n {
         let k = order(i);
@@ -850,6 +854,7 @@ fn measure_pass(
             results[k].efficiency_l2 = ideal / r[0];
             results[k].efficiency_adjusted_l2 = 2.0 * ideal / r[1];
             results[k].cpu_50us_ns = r[2] / plan.efficiency_jobs as f64;
+            results[k].cpu_from_ticks += r[3];
         }
     }
     // Diagnostic: the same work detached, one wake-up per batch.
@@ -1536,6 +1541,16 @@ impl Report {
                 }),
             );
         }
+        let fallbacks: f64 = CONDITIONS
+            .iter()
+            .flat_map(|&c| names.iter().map(move |n| (c, n)))
+            .map(|(c, n)| self.series(c, n, |r| r.cpu_from_ticks).iter().sum::<f64>())
+            .sum();
+        let _ = writeln!(
+            out,
+            "cpu readings from 10 ms ticks instead of per-thread ns: {fallbacks} of {}",
+            2 * self.rounds() * CONDITIONS.len() * names.len()
+        );
         if !p.quick {
             // Too short in quick runs for /proc/stat's 10 ms ticks.
             for c in [Condition::Default, Condition::Noisy] {
@@ -1956,8 +1971,8 @@ impl CpuSnapshot {
 
     /// CPU ns used since `before` by every thread but `exclude`. Falls back
     /// to the tick count when a thread's time may have been lost with it
-    /// (see the module docs).
-    fn used_since(&self, before: &CpuSnapshot, exclude: Option<u32>) -> f64 {
+    /// (see the module docs); then the second value is 1.
+    fn used_since(&self, before: &CpuSnapshot, exclude: Option<u32>) -> (f64, u8) {
         let ns: u64 = self
             .threads
             .iter()
@@ -1970,9 +1985,9 @@ impl CpuSnapshot {
             .any(|&(tid, _)| self.thread(tid).is_none());
         let ticks_ns = self.ticks.saturating_sub(before.ticks) * TICK_NS;
         if self.threads.is_empty() || vanished || ticks_ns > ns + 2 * TICK_NS {
-            ticks_ns as f64
+            (ticks_ns as f64, 1)
         } else {
-            ns as f64
+            (ns as f64, 0)
         }
     }
 }
@@ -2112,9 +2127,9 @@ fn serve(args: &[String]) {
                     (t.elapsed(), submitted)
                 });
                 let peak = sampler.end();
-                let cpu_ns = CpuSnapshot::take().used_since(&cpu, sampler.tid);
+                let (cpu_ns, ticks) = CpuSnapshot::take().used_since(&cpu, sampler.tid);
                 format!(
-                    "throughput {} {peak} {} {cpu_ns}",
+                    "throughput {} {peak} {} {cpu_ns} {ticks}",
                     took.as_secs_f64(),
                     submitted.as_secs_f64()
                 )
@@ -2128,8 +2143,8 @@ fn serve(args: &[String]) {
                     std::hint::black_box(peer.batch(n, iters).await);
                     (t.elapsed(), mark.available_since())
                 });
-                let cpu_ns = CpuSnapshot::take().used_since(&cpu, sampler.tid);
-                format!("efficiency {} {avail} {cpu_ns}", took.as_secs_f64())
+                let (cpu_ns, ticks) = CpuSnapshot::take().used_since(&cpu, sampler.tid);
+                format!("efficiency {} {avail} {cpu_ns} {ticks}", took.as_secs_f64())
             }
             Some("detached") => {
                 let (n, iters) = (num(1) as usize, num(2));

@@ -7,8 +7,8 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn round_trip(c: &mut Criterion) {
+    // The runtime users get by default (one worker per core).
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime");

@@ -1,19 +1,45 @@
-//! `offloader` against its peers, every measurement in one interleaved run.
+//! `offloader` against its peers, every measurement in one interleaved run,
+//! then how the offloader's own queue operations scale with the queue length.
 //!
 //! ```text
-//! cargo run --release --example compare              # full run, table (< 2 minutes on 2 cores)
-//! cargo run --release --example compare -- --json    # ... and one JSON object on the last line
-//! cargo run --release --example compare -- --quick   # a few seconds, to keep it working (CI)
+//! cargo run --release --example compare                  # full run, table (about 5 minutes on 2 cores)
+//! cargo run --release --example compare -- --json        # ... and one JSON object on the last line
+//! cargo run --release --example compare -- --quick       # well under a minute, to keep it working (CI)
+//! cargo run --release --example compare -- --rounds 3 --scale-max 65536
 //! ```
 //!
-//! Systems (see `benches/common/mod.rs`, shared with the criterion benches):
+//! Options: `--rounds N` (default 7, quick 2); `--scale-max N`, the longest
+//! queue of the scale section (default 1 000 000; quick runs never go past
+//! 4 096; 0 leaves the section out); `--scale-guard S`, how many seconds one
+//! scale operation may take before it is reported as too slow instead of
+//! being waited for (default 10, quick 2).
+//!
+//! # Systems
+//!
+//! (See `benches/common/mod.rs`, shared with the criterion benches.)
 //! `offloader`; `spawn_blocking` (tokio's default blocking pool);
 //! `semaphore_spawn_blocking` (`Semaphore(limit)` + `spawn_blocking` with the
 //! owned permit moved into the closure); `tokio_capped` (`spawn_blocking` on
 //! a separate runtime built with `max_blocking_threads(limit)`);
 //! `blocking_unblock` (`blocking::unblock` with `BLOCKING_MAX_THREADS=limit`).
 //!
-//! Metrics:
+//! # Runtimes and passes
+//!
+//! Every measuring child drives its jobs from a task on a tokio runtime, the
+//! same for every system. Each round has three passes, in an order that
+//! rotates from round to round:
+//!
+//! - default (keys without suffix): the runtime users get by default,
+//!   `Builder::new_multi_thread().enable_all()` with its default worker
+//!   count, one per core (what `#[tokio::main]` gives);
+//! - one worker (keys ending in `_one_worker`): the same with
+//!   `worker_threads(1)`;
+//! - noisy neighbour (keys ending in `_noisy`): the default runtime's
+//!   children again, while another process (this binary, `__burn`) runs one
+//!   thread burning CPU at normal priority for the whole pass; the
+//!   two-plain-threads reference of the pass runs with it too.
+//!
+//! # Metrics (per system; medians over rounds)
 //!
 //! - `latency_ns`: one no-op job submitted and awaited, sequentially (limit 2),
 //!   in a process that does nothing else.
@@ -25,20 +51,36 @@
 //!   limit 2: ideal time (jobs × one job's cost / 2 cores) over measured
 //!   time. The job's cost is the best of 50 short single-thread runs (10
 //!   calls each, well under a scheduler time slice), measured again every
-//!   round, so a busy machine does not inflate it. Two plain threads running
-//!   the same work are shown as the reference for what the machine allowed.
+//!   pass, so a busy machine does not inflate it. `efficiency_l2.raw_threads`
+//!   is the same work on two plain threads (each running half the jobs back
+//!   to back) in the same pass: what the machine allowed.
 //! - `peak_threads_l2`: the most threads the process had while running the
 //!   limit-2 throughput batches (sampled every 2 ms from
 //!   `/proc/self/status`), minus the threads it had before the system was
-//!   first used (its own: main, the driver runtime's worker, the sampler, a
+//!   first used (its own: main, the runtime's workers, the sampler, a
 //!   watchdog). Both numbers are printed.
+//! - `cpu_ns_per_job_noop`, `cpu_ns_per_job_50us`: user + system CPU time
+//!   the child process spent per job during the limit-2 throughput batch
+//!   (no-op jobs) and the efficiency batch (50 µs jobs, the work included).
+//!   Read from `/proc/self/task/*/schedstat` (ns, per thread) just before
+//!   and after the batch, summed over the threads, less the thread-count
+//!   sampler's own. Threads that exit during a batch take their time with
+//!   them, so when a thread of the first reading is gone, or when the
+//!   process's `utime + stime` from `/proc/self/stat` (which keeps exited
+//!   threads, in 10 ms ticks) exceeds the sum by more than two ticks, the
+//!   tick count is used instead (the diagnostics say how often). Everything
+//!   the process does counts: the runtime's workers submitting and awaiting,
+//!   and the pool's threads.
 //! - `bytes_per_queued_job`: VmRSS growth over 100 000 detached no-op jobs
 //!   that stay queued behind a pool whose threads are all blocked on a gate
 //!   (limit 1; tokio's default pool: all its 512 threads), in a fresh process
-//!   per system, after a first 1 000 queued jobs that are not counted (so
-//!   that one-time costs of the first queued job are left out). Offloader handles are detached (`JobHandle::detach`), tokio
-//!   `JoinHandle`s dropped, `blocking` tasks `detach`ed: every system keeps
-//!   only what it needs itself.
+//!   per system, round and runtime, after a first 1 000 queued jobs that are
+//!   not counted (one-time costs of the first queued job). Offloader handles
+//!   are detached (`JobHandle::detach`), tokio `JoinHandle`s dropped,
+//!   `blocking` tasks `detach`ed: every system keeps only what it needs
+//!   itself. `bytes_per_queued_job_with_handle`: the same with every
+//!   handle the caller gets kept in a vector (`JobHandle`, `JoinHandle`,
+//!   `blocking::Task`). Not measured in the noisy pass.
 //!
 //! Diagnostics (printed, not in the JSON): the limit-2 throughput batch split
 //! into submitting and the rest; efficiency with detached jobs and a single
@@ -46,16 +88,53 @@
 //! out); and efficiency over the CPU the child could actually get (idle or
 //! its own, from `/proc/stat`), which takes a noisy neighbour out.
 //!
-//! How it is fair:
+//! # Scale section (offloader only)
+//!
+//! `scale_<op>_<n>`: ns per operation with `n` = 1 000 (`1k`), 65 536
+//! (`64k`) and 1 000 000 (`1m`) queued jobs (quick: `1k` and `4k`), each
+//! operation and size in a fresh process, sizes interleaved within a round
+//! (see `benches/common/scale.rs`): `submit` (per `spawn()`),
+//! `cancel_newest_first`, `cancel_random` (per cancel), `timeout_storm` (per
+//! caller timing out while queued) and `shutdown_now` (per queued job), on a
+//! default runtime, behind one permit held by a function blocked on a gate.
+//! Small sizes repeat the operation in the process (up to 16 times; the
+//! median counts). An operation that runs past `--scale-guard` is reported
+//! as too slow (`null`, and in `scale_too_slow` with how far it got) and is
+//! not tried again at that size or larger. `scale_ratio_<op>`: cost at the
+//! largest size over cost at the smallest.
+//!
+//! # Targets
+//!
+//! Ratios of this run's medians; `rounds_held` counts the rounds in which
+//! each held on that round's own values. Latency ≤ 0.6 × `spawn_blocking`;
+//! `throughput_l2` ≥ 3 × `tokio_capped` (and ≥ 10 × the semaphore pattern);
+//! `throughput_l64` ≥ 5 × `tokio_capped`; `efficiency_l2` ≥ 0.90 × two plain
+//! threads; CPU per no-op job ≤ `tokio_capped`'s; the offloader's
+//! `throughput_l2` spread ((max − min) / median over rounds) ≤ 30 % (a
+//! round counts as held when within ±15 % of the median); in the noisy pass
+//! the offloader keeps at least the fraction of its `throughput_l2` that
+//! `tokio_capped` keeps; at most 2 threads above its own; bytes per queued
+//! job ≤ 128, ≤ 160 with the handle kept; every scale operation's cost at
+//! the largest size ≤ 2 × its cost at 1 000.
+//!
+//! # JSON (last line with `--json`)
+//!
+//! Every metric above as `{system: value}` under its key, for each pass
+//! (`latency_ns`, `latency_ns_one_worker`, `latency_ns_noisy`, ...), with
+//! `efficiency_l2*.raw_threads`; `rounds`; `rounds_held` and `target_ratio`
+//! (target → count, median ratio); `spread_throughput_l2` (system →
+//! fraction, default runtime); `scale_<op>_<n>`, `scale_ratio_<op>`,
+//! `scale_ratio_of`, `scale_rounds` and `scale_too_slow`.
+//!
+//! # How it is fair
 //!
 //! - Every system runs in its own child processes (this binary re-executed
-//!   with a hidden subcommand): one for latency, one for the limit-2 batches,
-//!   one for the limit-64 batches. The `blocking` crate reads
-//!   `BLOCKING_MAX_THREADS` once per process, so every system gets the same
-//!   treatment, and one system's idle threads cannot skew another's thread
-//!   count. Every child drives its jobs from the same runtime: tokio
-//!   multi-thread, one worker, the measured code in a task on it.
-//! - Rounds: each round runs every measurement once per system, in an order
+//!   with a hidden subcommand): per runtime one for latency, one for the
+//!   limit-2 batches, one for the limit-64 batches. The `blocking` crate
+//!   reads `BLOCKING_MAX_THREADS` once per process, so every system gets the
+//!   same treatment, and one system's idle threads cannot skew another's
+//!   thread count.
+//! - Rounds: each pass runs every measurement once per system, in an order
 //!   that rotates from round to round, so that drift on a shared machine
 //!   hits every system alike. The report gives medians over rounds, their
 //!   spread, and for each target in how many rounds it held.
@@ -66,35 +145,119 @@
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+#[path = "../benches/common/scale.rs"]
+mod scale;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Peer, System, BLOCKING_MAX_THREADS, OFFLOADER_QUEUE_CAPACITY, SYSTEMS};
+use common::{
+    Driver, Gate, Peer, System, BLOCKING_MAX_THREADS, DRIVERS, OFFLOADER_QUEUE_CAPACITY, SYSTEMS,
+};
+use scale::{ScaleOp, SCALE_OPS};
 
-const USAGE: &str = "usage: compare [--quick] [--json] [--rounds N]";
+const USAGE: &str =
+    "usage: compare [--quick] [--json] [--rounds N] [--scale-max N] [--scale-guard SECONDS]";
 
-/// Every metric, in the order of the report and of the JSON object.
-const METRICS: [&str; 6] = [
+/// Per-round metrics, measured in every pass.
+const ROUND_METRICS: [&str; 7] = [
     "latency_ns",
     "throughput_l2",
     "throughput_l64",
     "efficiency_l2",
     "peak_threads_l2",
-    "bytes_per_queued_job",
+    "cpu_ns_per_job_noop",
+    "cpu_ns_per_job_50us",
 ];
 
+/// Memory metrics, measured under both runtimes but not in the noisy pass.
+const BYTES_METRICS: [&str; 2] = ["bytes_per_queued_job", "bytes_per_queued_job_with_handle"];
+
+/// A small queue repeats a scale operation in its process at most this
+/// many times.
+const MAX_SCALE_REPS: usize = 16;
+
+/// `/proc`'s clock tick (USER_HZ), in ns.
+const TICK_NS: u64 = 10_000_000;
+
+/// The conditions a round measures every system under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Condition {
+    /// The default runtime.
+    Default,
+    /// The one-worker runtime.
+    OneWorker,
+    /// The default runtime with a process burning a core beside it.
+    Noisy,
+}
+
+const CONDITIONS: [Condition; 3] = [Condition::Default, Condition::OneWorker, Condition::Noisy];
+
+impl Condition {
+    /// The suffix of its JSON keys.
+    fn suffix(self) -> &'static str {
+        match self {
+            Condition::Default => "",
+            Condition::OneWorker => "_one_worker",
+            Condition::Noisy => "_noisy",
+        }
+    }
+
+    fn driver(self) -> Driver {
+        match self {
+            Condition::OneWorker => Driver::OneWorker,
+            Condition::Default | Condition::Noisy => Driver::Default,
+        }
+    }
+
+    fn of(driver: Driver) -> Condition {
+        match driver {
+            Driver::Default => Condition::Default,
+            Driver::OneWorker => Condition::OneWorker,
+        }
+    }
+
+    fn title(self) -> String {
+        match self {
+            Condition::Default => {
+                format!("default runtime (multi-thread, {} workers)", cores().max(1))
+            }
+            Condition::OneWorker => "one-worker runtime (multi-thread, 1 worker)".into(),
+            Condition::Noisy => {
+                "noisy neighbour (default runtime; another process burns a core)".into()
+            }
+        }
+    }
+
+    /// Memory per queued job does not depend on a neighbour's CPU use.
+    fn has_bytes(self) -> bool {
+        self != Condition::Noisy
+    }
+
+    fn metrics(self) -> Vec<&'static str> {
+        let mut m = ROUND_METRICS.to_vec();
+        if self.has_bytes() {
+            m.extend(BYTES_METRICS);
+        }
+        m
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get())
+}
+
 /// How much work a run does.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Plan {
     quick: bool,
     latency_jobs: usize,
-    /// The latency jobs of a round are measured in this many chunks, each
+    /// The latency jobs of a pass are measured in this many chunks, each
     /// chunk interleaved across the systems.
     latency_chunks: usize,
     throughput_jobs: usize,
@@ -108,8 +271,17 @@ struct Plan {
     /// Stop starting rounds once the next would end past this, even before
     /// `min_rounds` (a very slow machine).
     hard_budget: Duration,
-    /// Any process of the run exits with an error past this.
+    /// Any long-lived process of the run exits with an error past this.
     watchdog: Duration,
+    /// Queue lengths of the scale section (empty: no scale section).
+    scale_sizes: Vec<usize>,
+    /// A scale child repeats its operation up to `scale_ops / n` times.
+    scale_ops: usize,
+    /// One scale operation longer than this is reported as too slow.
+    scale_guard: Duration,
+    /// Stop starting scale rounds (after `min_rounds`) once the next would
+    /// end past this, counted from the section's start.
+    scale_budget: Duration,
 }
 
 impl Plan {
@@ -122,10 +294,14 @@ impl Plan {
             efficiency_jobs: 10_000,
             queued_jobs: 100_000,
             rounds: 7,
-            budget: Duration::from_secs(90),
-            min_rounds: 3,
-            hard_budget: Duration::from_secs(100),
-            watchdog: Duration::from_secs(170),
+            budget: Duration::from_secs(540),
+            min_rounds: 7,
+            hard_budget: Duration::from_secs(900),
+            watchdog: Duration::from_secs(2400),
+            scale_sizes: scale_sizes(1_000_000, false),
+            scale_ops: 65_536,
+            scale_guard: Duration::from_secs(10),
+            scale_budget: Duration::from_secs(480),
         }
     }
 
@@ -137,13 +313,33 @@ impl Plan {
             throughput_jobs: 5_000,
             efficiency_jobs: 400,
             queued_jobs: 10_000,
-            rounds: 1,
-            budget: Duration::from_secs(20),
+            rounds: 2,
+            budget: Duration::from_secs(30),
             min_rounds: 1,
-            hard_budget: Duration::from_secs(30),
-            watchdog: Duration::from_secs(90),
+            hard_budget: Duration::from_secs(40),
+            watchdog: Duration::from_secs(150),
+            scale_sizes: scale_sizes(1_000_000, true),
+            scale_ops: 16_384,
+            scale_guard: Duration::from_secs(2),
+            scale_budget: Duration::from_secs(20),
         }
     }
+}
+
+/// The scale section's queue lengths up to `max`: 1 000, 65 536 and
+/// 1 000 000 (quick: 1 000 and 4 096), and `max` itself if it falls below
+/// the largest.
+fn scale_sizes(max: usize, quick: bool) -> Vec<usize> {
+    let standard: &[usize] = if quick {
+        &[1_000, 4_096]
+    } else {
+        &[1_000, 65_536, 1_000_000]
+    };
+    let mut sizes: Vec<usize> = standard.iter().copied().filter(|&n| n <= max).collect();
+    if max > 0 && !sizes.contains(&max) && standard.last().is_some_and(|&top| max < top) {
+        sizes.push(max);
+    }
+    sizes
 }
 
 fn main() {
@@ -151,22 +347,28 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("__serve") => return serve(&args[1..]),
         Some("__bytes") => return bytes_child(&args[1..]),
+        Some("__scale") => return scale_child(&args[1..]),
+        Some("__burn") => return burn(&args[1..]),
         _ => {}
     }
     let mut json = false;
-    let mut plan = Plan::full();
+    let mut quick = false;
     let mut rounds = None;
+    let mut scale_max = 1_000_000;
+    let mut scale_guard = None;
     let mut it = args.iter();
+    let number = |it: &mut std::slice::Iter<'_, String>| {
+        it.next()
+            .and_then(|v| v.replace('_', "").parse::<usize>().ok())
+            .unwrap_or_else(|| fail(USAGE))
+    };
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--quick" => plan = Plan::quick(),
+            "--quick" => quick = true,
             "--json" => json = true,
-            "--rounds" => {
-                rounds = it.next().and_then(|v| v.parse::<usize>().ok());
-                if rounds.is_none() {
-                    fail(USAGE);
-                }
-            }
+            "--rounds" => rounds = Some(number(&mut it)),
+            "--scale-max" => scale_max = number(&mut it),
+            "--scale-guard" => scale_guard = Some(number(&mut it)),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return;
@@ -174,9 +376,14 @@ fn main() {
             other => fail(&format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
+    let mut plan = if quick { Plan::quick() } else { Plan::full() };
     if let Some(r) = rounds {
         plan.rounds = r.max(1);
         plan.min_rounds = plan.min_rounds.min(plan.rounds);
+    }
+    plan.scale_sizes = scale_sizes(scale_max, quick);
+    if let Some(s) = scale_guard {
+        plan.scale_guard = Duration::from_secs(s.max(1) as u64);
     }
     watchdog(plan.watchdog, "compare");
     let report = run(plan);
@@ -202,6 +409,14 @@ fn watchdog(limit: Duration, who: &'static str) {
         .expect("watchdog thread");
 }
 
+/// This binary re-executed as a child: `sub` and its arguments.
+fn child_command(sub: &str, args: &[String]) -> Command {
+    let exe = std::env::current_exe().expect("path of this executable");
+    let mut cmd = Command::new(exe);
+    cmd.arg(sub).args(args).stderr(Stdio::inherit());
+    cmd
+}
+
 // ---------------------------------------------------------------------------
 // The parent: children, rounds, report.
 
@@ -209,6 +424,7 @@ fn watchdog(limit: Duration, who: &'static str) {
 struct Server {
     system: System,
     limit: usize,
+    driver: Driver,
     child: Child,
     input: ChildStdin,
     output: BufReader<ChildStdout>,
@@ -217,18 +433,17 @@ struct Server {
 }
 
 impl Server {
-    fn start(system: System, limit: usize, watchdog: Duration) -> Server {
-        let exe = std::env::current_exe().expect("path of this executable");
-        let mut cmd = Command::new(exe);
-        cmd.args([
+    fn start(system: System, limit: usize, driver: Driver, watchdog: Duration) -> Server {
+        let mut cmd = child_command(
             "__serve",
-            system.name(),
-            &limit.to_string(),
-            &watchdog.as_secs().to_string(),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+            &[
+                system.name().into(),
+                limit.to_string(),
+                watchdog.as_secs().to_string(),
+                driver.name().into(),
+            ],
+        );
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
         if system == System::BlockingUnblock {
             cmd.env(BLOCKING_MAX_THREADS, limit.to_string());
         }
@@ -238,6 +453,7 @@ impl Server {
         let mut server = Server {
             system,
             limit,
+            driver,
             child,
             input,
             output,
@@ -247,16 +463,21 @@ impl Server {
         server
     }
 
+    fn who(&self) -> String {
+        format!(
+            "child for {} (limit {}, {} runtime)",
+            self.system.name(),
+            self.limit,
+            self.driver.name()
+        )
+    }
+
     fn ask(&mut self, command: &str) -> Vec<f64> {
         if writeln!(self.input, "{command}")
             .and_then(|()| self.input.flush())
             .is_err()
         {
-            fail(&format!(
-                "child for {} (limit {}) is gone",
-                self.system.name(),
-                self.limit
-            ));
+            fail(&format!("{} is gone", self.who()));
         }
         let tag = command.split(' ').next().unwrap_or_default().to_owned();
         self.read_reply(&tag)
@@ -266,11 +487,7 @@ impl Server {
         let mut line = String::new();
         match self.output.read_line(&mut line) {
             Ok(n) if n > 0 => {}
-            _ => fail(&format!(
-                "child for {} (limit {}) died before answering {tag:?}",
-                self.system.name(),
-                self.limit
-            )),
+            _ => fail(&format!("{} died before answering {tag:?}", self.who())),
         }
         let mut words = line.split_whitespace();
         if words.next() != Some(tag) {
@@ -287,7 +504,84 @@ impl Server {
     }
 }
 
-/// What one round measured for one system.
+/// The measuring children of one runtime, one per system for each of
+/// latency, the limit-2 batches and the limit-64 batches. Latency has
+/// children of its own: a pool that an earlier batch grew to hundreds of
+/// idle threads (tokio's default pool) hands each job to a different cold
+/// thread, which would make that peer look slower than a process that only
+/// makes sequential calls.
+struct ServerSet {
+    lat: Vec<Server>,
+    l2: Vec<Server>,
+    l64: Vec<Server>,
+}
+
+impl ServerSet {
+    fn start(driver: Driver, watchdog: Duration) -> ServerSet {
+        let start = |limit| {
+            SYSTEMS
+                .iter()
+                .map(|&s| Server::start(s, limit, driver, watchdog))
+                .collect()
+        };
+        ServerSet {
+            lat: start(2),
+            l2: start(2),
+            l64: start(64),
+        }
+    }
+
+    /// Starts threads and primes allocators; results dropped.
+    fn warm_up(&mut self, plan: &Plan, iters: u64) {
+        for s in self.lat.iter_mut() {
+            s.ask(&format!("latency {}", plan.latency_jobs / 10));
+        }
+        for s in self.l2.iter_mut() {
+            s.ask(&format!("throughput {}", plan.throughput_jobs / 10));
+            s.ask(&format!("efficiency {} {iters}", plan.efficiency_jobs / 10));
+            s.ask(&format!("detached {} {iters}", plan.efficiency_jobs / 10));
+        }
+        for s in self.l64.iter_mut() {
+            s.ask(&format!("throughput {}", plan.throughput_jobs / 10));
+        }
+    }
+
+    fn stop(self) {
+        for s in self.lat.into_iter().chain(self.l2).chain(self.l64) {
+            s.stop();
+        }
+    }
+}
+
+/// The noisy neighbour: a process of its own with one thread burning CPU
+/// at normal priority until its stdin closes.
+struct Burner {
+    child: Child,
+    input: Option<ChildStdin>,
+}
+
+impl Burner {
+    /// Returns once the burning thread runs.
+    fn start(watchdog: Duration) -> Burner {
+        let mut cmd = child_command("__burn", &[watchdog.as_secs().to_string()]);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the noisy neighbour");
+        let input = child.stdin.take();
+        let mut line = String::new();
+        let mut out = BufReader::new(child.stdout.take().expect("burner stdout"));
+        if out.read_line(&mut line).map_or(true, |n| n == 0) || line.trim() != "burning" {
+            fail(&format!("the noisy neighbour did not start: {line:?}"));
+        }
+        Burner { child, input }
+    }
+
+    fn stop(mut self) {
+        drop(self.input.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// What one pass measured for one system.
 #[derive(Debug, Clone, Copy, Default)]
 struct Round {
     latency_ns: f64,
@@ -295,11 +589,18 @@ struct Round {
     throughput_l64: f64,
     efficiency_l2: f64,
     peak_threads_l2: f64,
+    /// CPU ns per job of the limit-2 throughput batch.
+    cpu_noop_ns: f64,
+    /// CPU ns per job of the efficiency batch.
+    cpu_50us_ns: f64,
+    /// How many of those two CPU readings fell back to 10 ms ticks.
+    cpu_from_ticks: f64,
     /// Diagnostics, not targets: ns per job spent submitting the limit-2
     /// throughput batch, and in the rest of it (until the last outcome).
     submit_ns_l2: f64,
     drain_ns_l2: f64,
-    /// Efficiency with detached jobs and one wake-up for the whole batch.
+    /// Efficiency with detached jobs and one wake-up for the whole batch
+    /// (default pass only).
     efficiency_detached_l2: f64,
     /// Efficiency over the CPU the child could get: work / (core-seconds
     /// idle or used by the child during the run); see [`CpuMark`].
@@ -309,17 +610,72 @@ struct Round {
 /// Picks one measurement out of a [`Round`].
 type Field = fn(&Round) -> f64;
 
-/// Everything the run measured.
-struct Report {
-    plan: Plan,
-    calibration: common::Calibration,
+/// Memory growth of one `__bytes` child.
+#[derive(Debug, Clone, Copy)]
+struct Bytes {
+    per_job: f64,
+    before_kb: f64,
+    after_kb: f64,
+}
+
+impl Bytes {
+    const FAILED: Bytes = Bytes {
+        per_job: f64::NAN,
+        before_kb: f64::NAN,
+        after_kb: f64::NAN,
+    };
+}
+
+/// Everything measured under one [`Condition`].
+#[derive(Default)]
+struct PassData {
     rounds: BTreeMap<&'static str, Vec<Round>>,
     /// Efficiency of two plain threads running the same work, per round.
     reference: Vec<f64>,
     /// The same, over the CPU this process could get (see [`CpuMark`]).
     reference_adjusted: Vec<f64>,
-    own_threads_l2: BTreeMap<&'static str, usize>,
-    bytes: BTreeMap<&'static str, Option<Bytes>>,
+    /// Per round: (system, handles kept) → bytes per queued job.
+    bytes: BTreeMap<(&'static str, bool), Vec<Bytes>>,
+}
+
+/// One scale operation at one queue length, over rounds.
+#[derive(Debug, Default)]
+struct ScaleCell {
+    /// ns per operation in each scale round; NaN where not measured.
+    per_round: Vec<f64>,
+    too_slow: Option<TooSlow>,
+    failed: bool,
+}
+
+impl ScaleCell {
+    fn gave_up(&self) -> bool {
+        self.failed || self.too_slow.is_some()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TooSlow {
+    done: usize,
+    seconds: f64,
+}
+
+#[derive(Debug, Default)]
+struct ScaleData {
+    sizes: Vec<usize>,
+    /// (index in [`SCALE_OPS`], n) → cell.
+    cells: BTreeMap<(usize, usize), ScaleCell>,
+    rounds: usize,
+    elapsed: Duration,
+}
+
+/// Everything the run measured.
+struct Report {
+    plan: Plan,
+    calibration: common::Calibration,
+    /// Indexed by [`Condition`].
+    passes: [PassData; 3],
+    own_threads_l2: BTreeMap<(Driver, &'static str), usize>,
+    scale: ScaleData,
     elapsed: Duration,
     /// `/proc/loadavg`'s one-minute load when the run began and ended.
     load: (String, String),
@@ -332,20 +688,13 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Bytes {
-    per_job: f64,
-    before_kb: f64,
-    after_kb: f64,
-}
-
 fn run(plan: Plan) -> Report {
     let began = Instant::now();
     let load_before = load_average();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!(
-        "compare: {} run on {cores} cores; progress on stderr, report on stdout",
-        if plan.quick { "quick" } else { "full" }
+        "compare: {} run on {} cores; progress on stderr, report on stdout",
+        if plan.quick { "quick" } else { "full" },
+        cores()
     );
 
     // Calibrate while nothing else of ours runs.
@@ -356,108 +705,52 @@ fn run(plan: Plan) -> Report {
         calibration.job.as_secs_f64() * 1e6
     );
 
-    // Latency has children of its own: a pool that an earlier batch grew to
-    // hundreds of idle threads (tokio's default pool) hands each job to a
-    // different cold thread, which would make that peer look slower than a
-    // process that only makes sequential calls.
-    let mut lat: Vec<Server> = SYSTEMS
+    // Indexed by `Driver as usize`.
+    let mut sets: Vec<ServerSet> = DRIVERS
         .iter()
-        .map(|&s| Server::start(s, 2, plan.watchdog))
+        .map(|&d| ServerSet::start(d, plan.watchdog))
         .collect();
-    let mut l2: Vec<Server> = SYSTEMS
-        .iter()
-        .map(|&s| Server::start(s, 2, plan.watchdog))
-        .collect();
-    let mut l64: Vec<Server> = SYSTEMS
-        .iter()
-        .map(|&s| Server::start(s, 64, plan.watchdog))
-        .collect();
-
-    // Warm-up: start threads, prime allocators; results dropped.
-    for s in lat.iter_mut() {
-        s.ask(&format!("latency {}", plan.latency_jobs / 10));
-    }
-    for s in l2.iter_mut() {
-        s.ask(&format!("throughput {}", plan.throughput_jobs / 10));
-        s.ask(&format!(
-            "efficiency {} {}",
-            plan.efficiency_jobs / 10,
-            calibration.iters
-        ));
-        s.ask(&format!(
-            "detached {} {}",
-            plan.efficiency_jobs / 10,
-            calibration.iters
-        ));
-    }
-    for s in l64.iter_mut() {
-        s.ask(&format!("throughput {}", plan.throughput_jobs / 10));
+    for set in sets.iter_mut() {
+        set.warm_up(&plan, calibration.iters);
     }
     eprintln!("warmed up after {:.1} s", began.elapsed().as_secs_f64());
 
-    let mut rounds: BTreeMap<&'static str, Vec<Round>> = BTreeMap::new();
-    let mut reference = Vec::new();
-    let mut reference_adjusted = Vec::new();
+    let mut passes: [PassData; 3] = Default::default();
     let n = SYSTEMS.len();
     for round in 0..plan.rounds {
         let round_began = Instant::now();
-        let mut results = [Round::default(); SYSTEMS.len()];
-        let order = |i: usize| (i + round) % n;
-
-        // Latency in chunks, each interleaved: finer-grained than a round.
-        let chunks = plan.latency_chunks.max(1);
-        for chunk in 0..chunks {
-            for i in 0..n {
-                let k = (i + round + chunk) % n;
-                let r = lat[k].ask(&format!("latency {}", plan.latency_jobs / chunks));
-                results[k].latency_ns += r[0] / chunks as f64;
+        for p in 0..CONDITIONS.len() {
+            let cond = CONDITIONS[(p + round) % CONDITIONS.len()];
+            let burner = (cond == Condition::Noisy).then(|| Burner::start(plan.watchdog));
+            let set = &mut sets[cond.driver() as usize];
+            let pass = measure_pass(cond, set, &plan, calibration.iters, round);
+            if let Some(b) = burner {
+                b.stop();
             }
-        }
-        for i in 0..n {
-            let k = order(i);
-            let r = l2[k].ask(&format!("throughput {}", plan.throughput_jobs));
-            let jobs = plan.throughput_jobs as f64;
-            results[k].throughput_l2 = jobs / r[0];
-            results[k].peak_threads_l2 = r[1];
-            results[k].submit_ns_l2 = r[2] * 1e9 / jobs;
-            results[k].drain_ns_l2 = (r[0] - r[2]) * 1e9 / jobs;
-        }
-        for i in 0..n {
-            let k = order(i);
-            let r = l64[k].ask(&format!("throughput {}", plan.throughput_jobs));
-            results[k].throughput_l64 = plan.throughput_jobs as f64 / r[0];
-        }
-        // The job's cost is measured again each round (frequency drift).
-        let job = common::job_cost(calibration.iters, 50).as_secs_f64();
-        let ideal = plan.efficiency_jobs as f64 * job / 2.0;
-        // Efficiency: the five systems and the two-thread reference, rotated.
-        for i in 0..=n {
-            let k = (i + round) % (n + 1);
-            if k == n {
-                let mark = CpuMark::now();
-                let took = reference_run(plan.efficiency_jobs, calibration.iters);
-                reference.push(ideal / took);
-                reference_adjusted.push(2.0 * ideal / mark.available_since());
-            } else {
-                let r = l2[k].ask(&format!(
-                    "efficiency {} {}",
-                    plan.efficiency_jobs, calibration.iters
-                ));
-                results[k].efficiency_l2 = ideal / r[0];
-                results[k].efficiency_adjusted_l2 = 2.0 * ideal / r[1];
+            let data = &mut passes[cond as usize];
+            for (k, s) in SYSTEMS.iter().enumerate() {
+                data.rounds
+                    .entry(s.name())
+                    .or_default()
+                    .push(pass.results[k]);
             }
+            data.reference.push(pass.reference);
+            data.reference_adjusted.push(pass.reference_adjusted);
         }
-        // Diagnostic: the same work detached, one wake-up per batch.
-        for i in 0..n {
-            let k = order(i);
-            let r = l2[k].ask(&format!(
-                "detached {} {}",
-                plan.efficiency_jobs, calibration.iters
-            ));
-            results[k].efficiency_detached_l2 = ideal / r[0];
-        }
-        for (k, s) in SYSTEMS.iter().enumerate() {
-            rounds.entry(s.name()).or_default().push(results[k]);
+        // Memory per queued job: a fresh process per system, runtime and
+        // kind of submission.
+        for driver in DRIVERS {
+            for keep in [false, true] {
+                for i in 0..n {
+                    let s = SYSTEMS[(i + round) % n];
+                    let b = measure_bytes(s, plan.queued_jobs, driver, keep, plan.watchdog);
+                    passes[Condition::of(driver) as usize]
+                        .bytes
+                        .entry((s.name(), keep))
+                        .or_default()
+                        .push(b);
+                }
+            }
         }
         let took = round_began.elapsed();
         eprintln!(
@@ -476,30 +769,108 @@ fn run(plan: Plan) -> Report {
             break;
         }
     }
-    let own_threads_l2 = l2
-        .iter()
-        .map(|s| (s.system.name(), s.own_threads))
-        .collect();
-    for s in lat.into_iter().chain(l2).chain(l64) {
-        s.stop();
+    let mut own_threads_l2 = BTreeMap::new();
+    for set in &sets {
+        for s in &set.l2 {
+            own_threads_l2.insert((s.driver, s.system.name()), s.own_threads);
+        }
+    }
+    for set in sets {
+        set.stop();
     }
 
-    // Memory per queued job, one fresh process per system.
-    let mut bytes = BTreeMap::new();
-    for s in SYSTEMS {
-        bytes.insert(s.name(), measure_bytes(s, plan.queued_jobs, plan.watchdog));
-    }
+    let scale = run_scale(&plan);
 
     Report {
         plan,
         calibration,
-        rounds,
-        reference,
-        reference_adjusted,
+        passes,
         own_threads_l2,
-        bytes,
+        scale,
         elapsed: began.elapsed(),
         load: (load_before, load_average()),
+    }
+}
+
+/// What one pass measured.
+struct Pass {
+    results: [Round; SYSTEMS.len()],
+    reference: f64,
+    reference_adjusted: f64,
+}
+
+/// Every per-round measurement of every system once under `cond`, in an
+/// order rotated by `round`.
+fn measure_pass(
+    cond: Condition,
+    set: &mut ServerSet,
+    plan: &Plan,
+    iters: u64,
+    round: usize,
+) -> Pass {
+    let n = SYSTEMS.len();
+    let mut results = [Round::default(); SYSTEMS.len()];
+    let order = |i: usize| (i + round) % n;
+
+    // Latency in chunks, each interleaved: finer-grained than a pass.
+    let chunks = plan.latency_chunks.max(1);
+    for chunk in 0..chunks {
+        for i in 0..n {
+            let k = (i + round + chunk) % n;
+            let r = set.lat[k].ask(&format!("latency {}", plan.latency_jobs / chunks));
+            results[k].latency_ns += r[0] / chunks as f64;
+        }
+    }
+    let jobs = plan.throughput_jobs as f64;
+    for i in 0..n {
+        let k = order(i);
+        let r = set.l2[k].ask(&format!("throughput {}", plan.throughput_jobs));
+        results[k].throughput_l2 = jobs / r[0];
+        results[k].peak_threads_l2 = r[1];
+        results[k].submit_ns_l2 = r[2] * 1e9 / jobs;
+        results[k].drain_ns_l2 = (r[0] - r[2]) * 1e9 / jobs;
+        results[k].cpu_noop_ns = r[3] / jobs;
+        results[k].cpu_from_ticks += r[4];
+    }
+    for i in 0..n {
+        let k = order(i);
+        let r = set.l64[k].ask(&format!("throughput {}", plan.throughput_jobs));
+        results[k].throughput_l64 = jobs / r[0];
+    }
+    // The job's cost is measured again each pass (frequency drift).
+    let job = common::job_cost(iters, 50).as_secs_f64();
+    let ideal = plan.efficiency_jobs as f64 * job / 2.0;
+    // Efficiency: the five systems and the two-thread reference, rotated.
+    let (mut reference, mut reference_adjusted) = (f64::NAN, f64::NAN);
+    for i in 0..=n {
+        let k = (i + round) % (n + 1);
+        if k == n {
+            let mark = CpuMark::now();
+            let took = reference_run(plan.efficiency_jobs, iters);
+            reference = ideal / took;
+            reference_adjusted = 2.0 * ideal / mark.available_since();
+        } else {
+            let r = set.l2[k].ask(&format!("efficiency {} {iters}", plan.efficiency_jobs));
+            results[k].efficiency_l2 = ideal / r[0];
+            results[k].efficiency_adjusted_l2 = 2.0 * ideal / r[1];
+            results[k].cpu_50us_ns = r[2] / plan.efficiency_jobs as f64;
+            results[k].cpu_from_ticks += r[3];
+        }
+    }
+    // Diagnostic: the same work detached, one wake-up per batch.
+    for i in 0..n {
+        let k = order(i);
+        results[k].efficiency_detached_l2 = if cond == Condition::Default {
+            let r = set.l2[k].ask(&format!("detached {} {iters}", plan.efficiency_jobs));
+            ideal / r[0]
+        } else {
+            f64::NAN
+        };
+    }
+    Pass {
+        results,
+        reference,
+        reference_adjusted,
     }
 }
 
@@ -522,32 +893,41 @@ fn reference_run(jobs: usize, iters: u64) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-fn measure_bytes(system: System, jobs: usize, watchdog: Duration) -> Option<Bytes> {
-    let exe = std::env::current_exe().expect("path of this executable");
-    let mut cmd = Command::new(exe);
-    cmd.args([
+fn measure_bytes(
+    system: System,
+    jobs: usize,
+    driver: Driver,
+    keep: bool,
+    watchdog: Duration,
+) -> Bytes {
+    let mut cmd = child_command(
         "__bytes",
-        system.name(),
-        &jobs.to_string(),
-        &watchdog.as_secs().to_string(),
-    ])
-    .stderr(Stdio::inherit());
+        &[
+            system.name().into(),
+            jobs.to_string(),
+            watchdog.as_secs().to_string(),
+            driver.name().into(),
+            u8::from(keep).to_string(),
+        ],
+    );
     if system == System::BlockingUnblock {
         cmd.env(BLOCKING_MAX_THREADS, "1");
     }
+    let what = format!(
+        "bytes_per_queued_job{} for {} ({} runtime)",
+        if keep { "_with_handle" } else { "" },
+        system.name(),
+        driver.name()
+    );
     let out = match cmd.output() {
         Ok(out) if out.status.success() => out,
         Ok(out) => {
-            eprintln!(
-                "bytes_per_queued_job for {} failed: {}",
-                system.name(),
-                out.status
-            );
-            return None;
+            eprintln!("{what} failed: {}", out.status);
+            return Bytes::FAILED;
         }
         Err(e) => {
-            eprintln!("bytes_per_queued_job for {}: {e}", system.name());
-            return None;
+            eprintln!("{what}: {e}");
+            return Bytes::FAILED;
         }
     };
     let text = String::from_utf8_lossy(&out.stdout);
@@ -557,14 +937,135 @@ fn measure_bytes(system: System, jobs: usize, watchdog: Duration) -> Option<Byte
         .filter_map(|w| w.parse().ok())
         .collect();
     match v[..] {
-        [per_job, before_kb, after_kb] => Some(Bytes {
+        [per_job, before_kb, after_kb] => Bytes {
             per_job,
             before_kb,
             after_kb,
+        },
+        _ => {
+            eprintln!("{what}: unexpected answer {text:?}");
+            Bytes::FAILED
+        }
+    }
+}
+
+/// What one scale child reported.
+enum ScaleOutcome {
+    /// ns per operation (median over the child's repetitions).
+    Done(f64),
+    TooSlow(TooSlow),
+    Failed,
+}
+
+/// The scale section: every operation at every size, sizes interleaved
+/// within a round, a fresh process each.
+fn run_scale(plan: &Plan) -> ScaleData {
+    let mut data = ScaleData {
+        sizes: plan.scale_sizes.clone(),
+        ..ScaleData::default()
+    };
+    if data.sizes.is_empty() {
+        return data;
+    }
+    let began = Instant::now();
+    let sizes = data.sizes.clone();
+    for round in 0..plan.rounds {
+        let round_began = Instant::now();
+        for (oi, &op) in SCALE_OPS.iter().enumerate() {
+            for j in 0..sizes.len() {
+                let n = sizes[(j + round) % sizes.len()];
+                // Once too slow (or broken) at some size, not tried again
+                // there or at any larger size.
+                let skip = sizes
+                    .iter()
+                    .any(|&m| m <= n && data.cells.get(&(oi, m)).is_some_and(ScaleCell::gave_up));
+                let value = if skip {
+                    f64::NAN
+                } else {
+                    let reps = (plan.scale_ops / n).clamp(1, MAX_SCALE_REPS);
+                    match scale_run(op, n, reps, plan.scale_guard, round) {
+                        ScaleOutcome::Done(ns) => ns,
+                        ScaleOutcome::TooSlow(t) => {
+                            eprintln!(
+                                "scale: {} at {} too slow: {} of {n} done after {:.1} s",
+                                op.name(),
+                                scale::size_label(n),
+                                t.done,
+                                t.seconds
+                            );
+                            data.cells.entry((oi, n)).or_default().too_slow = Some(t);
+                            f64::NAN
+                        }
+                        ScaleOutcome::Failed => {
+                            data.cells.entry((oi, n)).or_default().failed = true;
+                            f64::NAN
+                        }
+                    }
+                };
+                data.cells.entry((oi, n)).or_default().per_round.push(value);
+            }
+        }
+        data.rounds += 1;
+        let took = round_began.elapsed();
+        eprintln!(
+            "scale round {}/{} took {:.1} s",
+            round + 1,
+            plan.rounds,
+            took.as_secs_f64()
+        );
+        let done = round + 1;
+        if done < plan.rounds
+            && done >= plan.min_rounds
+            && began.elapsed() + took.mul_f64(1.1) > plan.scale_budget
+        {
+            eprintln!("scale time budget reached: stopping after {done} rounds");
+            break;
+        }
+    }
+    data.elapsed = began.elapsed();
+    data
+}
+
+/// Runs one `__scale` child.
+fn scale_run(op: ScaleOp, n: usize, reps: usize, guard: Duration, round: usize) -> ScaleOutcome {
+    // Setting up a million queued jobs takes a few seconds; the guard
+    // bounds each measured operation.
+    let watchdog = guard.as_secs() * reps as u64 + 120;
+    let out = child_command(
+        "__scale",
+        &[
+            op.name().into(),
+            n.to_string(),
+            reps.to_string(),
+            guard.as_millis().to_string(),
+            watchdog.to_string(),
+            round.to_string(),
+        ],
+    )
+    .output();
+    let what = format!("scale {} at {}", op.name(), scale::size_label(n));
+    let out = match out {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => {
+            eprintln!("{what} failed: {}", out.status);
+            return ScaleOutcome::Failed;
+        }
+        Err(e) => {
+            eprintln!("{what}: {e}");
+            return ScaleOutcome::Failed;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    match words[..] {
+        ["scale", "ok", ns] => ns.parse().map_or(ScaleOutcome::Failed, ScaleOutcome::Done),
+        ["scale", "too_slow", done, seconds] => ScaleOutcome::TooSlow(TooSlow {
+            done: done.parse().unwrap_or(0),
+            seconds: seconds.parse().unwrap_or(f64::NAN),
         }),
         _ => {
-            eprintln!("unexpected bytes answer: {text:?}");
-            None
+            eprintln!("{what}: unexpected answer {text:?}");
+            ScaleOutcome::Failed
         }
     }
 }
@@ -629,154 +1130,356 @@ fn json_number(x: f64, decimals: usize) -> String {
     }
 }
 
+/// `"key": {"a": 1, "b": 2}`.
+fn json_object(key: &str, cells: &[(String, String)]) -> String {
+    let body: Vec<String> = cells.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+    format!("\"{key}\": {{{}}}", body.join(", "))
+}
+
+/// The per-round field of a metric measured in every pass.
+fn field(metric: &str) -> Option<Field> {
+    let f: Field = match metric {
+        "latency_ns" => |r| r.latency_ns,
+        "throughput_l2" => |r| r.throughput_l2,
+        "throughput_l64" => |r| r.throughput_l64,
+        "efficiency_l2" => |r| r.efficiency_l2,
+        "peak_threads_l2" => |r| r.peak_threads_l2,
+        "cpu_ns_per_job_noop" => |r| r.cpu_noop_ns,
+        "cpu_ns_per_job_50us" => |r| r.cpu_50us_ns,
+        _ => return None,
+    };
+    Some(f)
+}
+
+#[derive(Debug, Clone, Copy)]
 enum Need {
     AtMost(f64),
     AtLeast(f64),
 }
 
-struct Target {
-    what: String,
-    value: f64,
-    need: Need,
-    /// Its value in each round (empty for one-off measurements).
-    per_round: Vec<f64>,
-}
-
-impl Target {
-    fn holds(value: f64, need: &Need) -> bool {
-        match *need {
+impl Need {
+    fn holds(self, value: f64) -> bool {
+        match self {
             Need::AtMost(n) => value <= n,
             Need::AtLeast(n) => value >= n,
         }
     }
+
+    fn show(self) -> String {
+        match self {
+            Need::AtMost(n) => format!("<= {n}"),
+            Need::AtLeast(n) => format!(">= {n}"),
+        }
+    }
+}
+
+struct Target {
+    /// Its name in `rounds_held` and `target_ratio`.
+    key: String,
+    what: String,
+    value: f64,
+    need: Need,
+    /// Its value in each round.
+    per_round: Vec<f64>,
+    /// What a round's own value must meet to count as held.
+    round_need: Need,
+    note: String,
+}
+
+impl Target {
+    fn held(&self) -> usize {
+        self.per_round
+            .iter()
+            .filter(|&&v| self.round_need.holds(v))
+            .count()
+    }
+}
+
+/// Shorter system names for table columns.
+fn short(name: &str) -> &str {
+    match name {
+        "semaphore_spawn_blocking" => "semaphore+sb",
+        other => other,
+    }
+}
+
+const LABEL: usize = 36;
+const CELL: usize = 17;
+
+fn row(out: &mut String, label: &str, cells: impl IntoIterator<Item = String>) {
+    let _ = write!(out, "{label:<LABEL$}");
+    for c in cells {
+        let _ = write!(out, "{c:>CELL$}");
+    }
+    out.push('\n');
 }
 
 impl Report {
-    fn series(&self, system: &str, f: impl Fn(&Round) -> f64) -> Vec<f64> {
-        self.rounds
+    fn pass(&self, c: Condition) -> &PassData {
+        &self.passes[c as usize]
+    }
+
+    fn series(&self, c: Condition, system: &str, f: impl Fn(&Round) -> f64) -> Vec<f64> {
+        self.pass(c)
+            .rounds
             .get(system)
             .map(|rs| rs.iter().map(f).collect())
             .unwrap_or_default()
     }
 
-    /// The value reported for `metric` and `system`.
-    fn value(&self, metric: &str, system: &str) -> f64 {
-        let pick = |f: fn(&Round) -> f64| median(self.series(system, f));
-        match metric {
-            "latency_ns" => pick(|r| r.latency_ns),
-            "throughput_l2" => pick(|r| r.throughput_l2),
-            "throughput_l64" => pick(|r| r.throughput_l64),
-            "efficiency_l2" => pick(|r| r.efficiency_l2),
-            "peak_threads_l2" => {
-                let peak = self.raw_peak(system);
-                let own = self.own_threads_l2.get(system).copied().unwrap_or(0) as f64;
-                peak - own
-            }
-            "bytes_per_queued_job" => self
-                .bytes
-                .get(system)
-                .copied()
-                .flatten()
-                .map_or(f64::NAN, |b| b.per_job),
-            _ => f64::NAN,
-        }
+    fn bytes_series(&self, c: Condition, system: &str, keep: bool) -> Vec<f64> {
+        self.pass(c)
+            .bytes
+            .get(&(system, keep))
+            .map(|bs| bs.iter().map(|b| b.per_job).collect())
+            .unwrap_or_default()
+    }
+
+    /// Rounds measured (the same for every pass).
+    fn rounds(&self) -> usize {
+        self.pass(Condition::Default).reference.len()
+    }
+
+    fn reference(&self, c: Condition) -> f64 {
+        median(self.pass(c).reference.clone())
+    }
+
+    fn own_threads(&self, c: Condition, system: &str) -> f64 {
+        self.own_threads_l2
+            .get(&(c.driver(), system))
+            .copied()
+            .unwrap_or(0) as f64
     }
 
     /// The most threads seen over every limit-2 throughput batch.
-    fn raw_peak(&self, system: &str) -> f64 {
-        self.series(system, |r| r.peak_threads_l2)
+    fn raw_peak(&self, c: Condition, system: &str) -> f64 {
+        self.series(c, system, |r| r.peak_threads_l2)
             .into_iter()
             .fold(f64::NAN, f64::max)
     }
 
-    fn per_round(&self, metric: fn(&Round) -> f64, a: &str, b: &str) -> Vec<f64> {
-        self.series(a, metric)
+    /// The value reported for `metric` and `system` under `c`.
+    fn value(&self, c: Condition, metric: &str, system: &str) -> f64 {
+        match metric {
+            "peak_threads_l2" => self.raw_peak(c, system) - self.own_threads(c, system),
+            "bytes_per_queued_job" => median(self.bytes_series(c, system, false)),
+            "bytes_per_queued_job_with_handle" => median(self.bytes_series(c, system, true)),
+            m => field(m).map_or(f64::NAN, |f| median(self.series(c, system, f))),
+        }
+    }
+
+    fn per_round_ratio(&self, c: Condition, f: Field, a: &str, b: &str) -> Vec<f64> {
+        self.series(c, a, f)
             .iter()
-            .zip(self.series(b, metric))
+            .zip(self.series(c, b, f))
             .map(|(x, y)| x / y)
             .collect()
     }
 
+    /// A scale cell's median, NaN if it ever was too slow or failed.
+    fn scale_value(&self, oi: usize, n: usize) -> f64 {
+        match self.scale.cells.get(&(oi, n)) {
+            Some(cell) if !cell.gave_up() => median(cell.per_round.clone()),
+            _ => f64::NAN,
+        }
+    }
+
+    fn scale_cell_text(&self, oi: usize, n: usize) -> String {
+        match self.scale.cells.get(&(oi, n)) {
+            Some(cell) if cell.failed => "failed".into(),
+            Some(cell) if cell.too_slow.is_some() => "too slow".into(),
+            Some(cell) if cell.per_round.iter().all(|v| v.is_nan()) => "skipped".into(),
+            Some(cell) => grouped(median(cell.per_round.clone())),
+            None => "n/a".into(),
+        }
+    }
+
     fn targets(&self) -> Vec<Target> {
-        let ratio = |what: &str, metric: &str, f: fn(&Round) -> f64, peer: &str, need: Need| {
-            let value = self.value(metric, "offloader") / self.value(metric, peer);
-            Target {
-                what: what.into(),
-                value,
-                need,
-                per_round: self.per_round(f, "offloader", peer),
-            }
+        let c = Condition::Default;
+        let off = "offloader";
+        let ratio = |key: &str, what: &str, metric: &str, peer: &str, need: Need| Target {
+            key: key.into(),
+            what: what.into(),
+            value: self.value(c, metric, off) / self.value(c, metric, peer),
+            need,
+            per_round: field(metric)
+                .map(|f| self.per_round_ratio(c, f, off, peer))
+                .unwrap_or_default(),
+            round_need: need,
+            note: String::new(),
         };
-        vec![
+        let mut t = vec![
             ratio(
+                "latency_vs_spawn_blocking",
                 "latency: offloader / spawn_blocking",
                 "latency_ns",
-                |r| r.latency_ns,
                 "spawn_blocking",
                 Need::AtMost(0.6),
             ),
             ratio(
+                "throughput_l2_vs_tokio_capped",
                 "throughput_l2: offloader / tokio_capped",
                 "throughput_l2",
-                |r| r.throughput_l2,
                 "tokio_capped",
                 Need::AtLeast(3.0),
             ),
             ratio(
+                "throughput_l2_vs_semaphore_spawn_blocking",
                 "throughput_l2: offloader / semaphore_spawn_blocking",
                 "throughput_l2",
-                |r| r.throughput_l2,
                 "semaphore_spawn_blocking",
                 Need::AtLeast(10.0),
             ),
             ratio(
+                "throughput_l64_vs_tokio_capped",
                 "throughput_l64: offloader / tokio_capped",
                 "throughput_l64",
-                |r| r.throughput_l64,
                 "tokio_capped",
                 Need::AtLeast(5.0),
             ),
-            Target {
-                what: "efficiency_l2: offloader".into(),
-                value: self.value("efficiency_l2", "offloader"),
-                need: Need::AtLeast(0.90),
-                per_round: self.series("offloader", |r| r.efficiency_l2),
-            },
-            Target {
-                what: "peak_threads_l2: offloader (threads above its own)".into(),
-                value: self.value("peak_threads_l2", "offloader"),
-                need: Need::AtMost(2.0),
-                per_round: Vec::new(),
-            },
-            Target {
-                what: "bytes_per_queued_job: offloader".into(),
-                value: self.value("bytes_per_queued_job", "offloader"),
-                need: Need::AtMost(128.0),
-                per_round: Vec::new(),
-            },
-        ]
+        ];
+        let eff = self.series(c, off, |r| r.efficiency_l2);
+        t.push(Target {
+            key: "efficiency_l2_vs_raw_threads".into(),
+            what: "efficiency_l2: offloader / two plain threads".into(),
+            value: self.value(c, "efficiency_l2", off) / self.reference(c),
+            need: Need::AtLeast(0.90),
+            per_round: eff
+                .iter()
+                .zip(&self.pass(c).reference)
+                .map(|(e, r)| e / r)
+                .collect(),
+            round_need: Need::AtLeast(0.90),
+            note: String::new(),
+        });
+        t.push(ratio(
+            "cpu_noop_vs_tokio_capped",
+            "cpu per no-op job: offloader / tokio_capped",
+            "cpu_ns_per_job_noop",
+            "tokio_capped",
+            Need::AtMost(1.0),
+        ));
+        let thr = self.series(c, off, |r| r.throughput_l2);
+        let med = median(thr.clone());
+        t.push(Target {
+            key: "spread_throughput_l2".into(),
+            what: "throughput_l2 spread: offloader".into(),
+            value: spread(&thr),
+            need: Need::AtMost(0.30),
+            per_round: thr.iter().map(|x| (x / med - 1.0).abs()).collect(),
+            round_need: Need::AtMost(0.15),
+            note: "a round holds within ±15% of the median".into(),
+        });
+        let kept = |system: &str| {
+            let quiet = self.series(Condition::Default, system, |r| r.throughput_l2);
+            let noisy = self.series(Condition::Noisy, system, |r| r.throughput_l2);
+            let per_round: Vec<f64> = noisy.iter().zip(&quiet).map(|(n, q)| n / q).collect();
+            (median(noisy) / median(quiet), per_round)
+        };
+        let (kept_off, kept_off_r) = kept(off);
+        let (kept_cap, kept_cap_r) = kept("tokio_capped");
+        t.push(Target {
+            key: "noisy_throughput_l2_kept_vs_tokio_capped".into(),
+            what: "noisy: throughput_l2 kept, offloader / tokio_capped".into(),
+            value: kept_off / kept_cap,
+            need: Need::AtLeast(1.0),
+            per_round: kept_off_r
+                .iter()
+                .zip(&kept_cap_r)
+                .map(|(a, b)| a / b)
+                .collect(),
+            round_need: Need::AtLeast(1.0),
+            note: format!(
+                "kept = noisy / default: offloader {kept_off:.3}, tokio_capped {kept_cap:.3}"
+            ),
+        });
+        let own = self.own_threads(c, off);
+        t.push(Target {
+            key: "peak_threads_l2".into(),
+            what: "peak_threads_l2: offloader (threads above its own)".into(),
+            value: self.value(c, "peak_threads_l2", off),
+            need: Need::AtMost(2.0),
+            per_round: self
+                .series(c, off, |r| r.peak_threads_l2)
+                .iter()
+                .map(|p| p - own)
+                .collect(),
+            round_need: Need::AtMost(2.0),
+            note: String::new(),
+        });
+        for (keep, key, limit) in [
+            (false, "bytes_per_queued_job", 128.0),
+            (true, "bytes_per_queued_job_with_handle", 160.0),
+        ] {
+            t.push(Target {
+                key: key.into(),
+                what: format!("{key}: offloader"),
+                value: self.value(c, key, off),
+                need: Need::AtMost(limit),
+                per_round: self.bytes_series(c, off, keep),
+                round_need: Need::AtMost(limit),
+                note: String::new(),
+            });
+        }
+        let sizes = &self.scale.sizes;
+        if let (Some(&small), Some(&big)) = (sizes.first(), sizes.last()) {
+            if big > small {
+                let (s, b) = (scale::size_label(small), scale::size_label(big));
+                for (oi, op) in SCALE_OPS.iter().enumerate() {
+                    let per = |n| {
+                        self.scale
+                            .cells
+                            .get(&(oi, n))
+                            .map(|c: &ScaleCell| c.per_round.clone())
+                            .unwrap_or_default()
+                    };
+                    let note = match self.scale.cells.get(&(oi, big)) {
+                        Some(cell) if cell.gave_up() => {
+                            format!("{} at {b}", self.scale_cell_text(oi, big))
+                        }
+                        _ => String::new(),
+                    };
+                    t.push(Target {
+                        key: format!("scale_{}", op.name()),
+                        what: format!("scale {}: cost at {b} / at {s}", op.name()),
+                        value: self.scale_value(oi, big) / self.scale_value(oi, small),
+                        need: Need::AtMost(2.0),
+                        per_round: per(big)
+                            .iter()
+                            .zip(per(small))
+                            .map(|(x, y)| x / y)
+                            .collect(),
+                        round_need: Need::AtMost(2.0),
+                        note,
+                    });
+                }
+            }
+        }
+        t
     }
 
     fn print(&self, json: bool) {
         let mut out = String::new();
         let p = &self.plan;
-        let measured = self.rounds.values().map(Vec::len).max().unwrap_or(0);
+        let names: Vec<&str> = SYSTEMS.iter().map(|s| s.name()).collect();
         let _ = writeln!(
             out,
-            "\noffloader vs peers: {} run, {measured} round(s), {} cores, {:.1} s; \
+            "\noffloader vs peers: {} run, {} round(s), {} cores, {:.1} s; \
              load average before/after: {} / {}",
             if p.quick { "quick" } else { "full" },
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            self.rounds(),
+            cores(),
             self.elapsed.as_secs_f64(),
             self.load.0,
             self.load.1,
         );
         let _ = writeln!(
             out,
-            "driver: tokio multi-thread runtime, 1 worker, child processes per system: latency, limit 2, limit 64;\n\
-             offloader queue_capacity {OFFLOADER_QUEUE_CAPACITY}; latency {} sequential jobs; \
-             throughput {} jobs at once;\nefficiency {} jobs of {:.1} µs ({} iterations); \
-             bytes: {} queued jobs, detached",
+            "child processes per system and runtime: latency, limit 2, limit 64; \
+             offloader queue_capacity {OFFLOADER_QUEUE_CAPACITY};\n\
+             latency {} sequential jobs; throughput {} jobs at once; efficiency {} jobs \
+             of {:.1} µs ({} iterations);\nbytes: {} queued jobs, a fresh process per \
+             system, runtime and round",
             p.latency_jobs,
             p.throughput_jobs,
             p.efficiency_jobs,
@@ -785,177 +1488,129 @@ impl Report {
             p.queued_jobs,
         );
 
-        // Main table: medians.
-        let names: Vec<&str> = SYSTEMS.iter().map(|s| s.name()).collect();
-        let short = |n: &str| match n {
-            "semaphore_spawn_blocking" => "semaphore+sb".to_owned(),
-            other => other.to_owned(),
-        };
-        let _ = write!(out, "\n{:<30}", "metric (median over rounds)");
-        for n in &names {
-            let _ = write!(out, "{:>17}", short(n));
+        for c in CONDITIONS {
+            self.print_condition(&mut out, c, &names);
         }
-        out.push('\n');
-        for metric in METRICS {
-            let label = match metric {
-                "latency_ns" => "latency_ns (lower is better)",
-                "throughput_l2" => "throughput_l2 (jobs/s)",
-                "throughput_l64" => "throughput_l64 (jobs/s)",
-                "efficiency_l2" => "efficiency_l2 (ideal/actual)",
-                "peak_threads_l2" => "peak_threads_l2 (above own)",
-                _ => "bytes_per_queued_job",
-            };
-            let _ = write!(out, "{label:<30}");
-            for n in &names {
-                let v = self.value(metric, n);
-                let cell = match metric {
-                    "efficiency_l2" if v.is_finite() => format!("{v:.3}"),
-                    "bytes_per_queued_job" if v.is_finite() => format!("{v:.2}"),
-                    _ => grouped(v),
-                };
-                let _ = write!(out, "{cell:>17}");
-            }
-            out.push('\n');
-        }
-        let _ = write!(out, "{:<30}", "  raw peak / own threads");
-        for n in &names {
-            let own = self.own_threads_l2.get(n).copied().unwrap_or(0);
-            let cell = format!("{} / {own}", grouped(self.raw_peak(n)));
-            let _ = write!(out, "{cell:>17}");
-        }
-        out.push('\n');
-        let _ = write!(out, "{:<30}", "  RSS before → after (MiB)");
-        for n in &names {
-            let cell = match self.bytes.get(n).copied().flatten() {
-                Some(b) => format!("{:.1} → {:.1}", b.before_kb / 1024.0, b.after_kb / 1024.0),
-                None => "n/a".into(),
-            };
-            let _ = write!(out, "{cell:>17}");
-        }
-        out.push('\n');
-        let _ = writeln!(
-            out,
-            "  (RSS is counted in 4 KiB pages: resolution {:.2} bytes per job)",
-            4096.0 / p.queued_jobs.max(1) as f64
-        );
 
         // Spread: how noisy each timed metric was.
-        if measured > 1 {
-            let _ = writeln!(out, "\nspread over rounds, (max - min) / median:");
-            let timed: [(&str, Field); 4] = [
-                ("latency_ns", |r| r.latency_ns),
-                ("throughput_l2", |r| r.throughput_l2),
-                ("throughput_l64", |r| r.throughput_l64),
-                ("efficiency_l2", |r| r.efficiency_l2),
-            ];
-            for (metric, f) in timed {
-                let _ = write!(out, "{metric:<30}");
-                for n in &names {
-                    let cell = format!("{:.0}%", 100.0 * spread(&self.series(n, f)));
-                    let _ = write!(out, "{cell:>17}");
-                }
-                out.push('\n');
+        if self.rounds() > 1 {
+            let _ = writeln!(
+                out,
+                "\nspread over rounds, (max - min) / median, default runtime:"
+            );
+            for metric in [
+                "latency_ns",
+                "throughput_l2",
+                "throughput_l64",
+                "efficiency_l2",
+                "cpu_ns_per_job_noop",
+            ] {
+                let f = field(metric).expect("a per-round metric");
+                row(
+                    &mut out,
+                    metric,
+                    names.iter().map(|n| {
+                        format!(
+                            "{:.0}%",
+                            100.0 * spread(&self.series(Condition::Default, n, f))
+                        )
+                    }),
+                );
             }
         }
-        let _ = writeln!(
-            out,
-            "\nreference: two plain threads running the same efficiency work: {:.3} \
-             (median; what this machine allows, per round: {})",
-            median(self.reference.clone()),
-            list(&self.reference)
-        );
 
         // Diagnostics.
         let _ = writeln!(out, "\ndiagnostics (medians; not targets):");
-        let diag: [(&str, Field); 4] = [
+        let c = Condition::Default;
+        let diag: [(&str, Field); 3] = [
             ("l2 batch: submit ns/job", |r| r.submit_ns_l2),
             ("l2 batch: rest ns/job", |r| r.drain_ns_l2),
             ("efficiency_l2, detached", |r| r.efficiency_detached_l2),
-            ("efficiency_l2, noise-adjusted", |r| {
-                r.efficiency_adjusted_l2
-            }),
         ];
         for (label, f) in diag {
-            if p.quick && label.ends_with("noise-adjusted") {
-                // Too short for /proc/stat's 10 ms ticks.
-                continue;
-            }
-            let _ = write!(out, "{label:<30}");
-            for n in &names {
-                let v = median(self.series(n, f));
-                let cell = if label.starts_with("efficiency") {
-                    format!("{v:.3}")
-                } else {
-                    grouped(v)
-                };
-                let _ = write!(out, "{cell:>17}");
-            }
-            out.push('\n');
+            row(
+                &mut out,
+                label,
+                names.iter().map(|n| {
+                    let v = median(self.series(c, n, f));
+                    if label.starts_with("efficiency") {
+                        format!("{v:.3}")
+                    } else {
+                        grouped(v)
+                    }
+                }),
+            );
         }
+        // Each pass reads CPU twice per system.
+        let readings = 2 * self.rounds() * CONDITIONS.len();
+        row(
+            &mut out,
+            "cpu readings from ticks, of all",
+            names.iter().map(|n| {
+                let ticks: f64 = CONDITIONS
+                    .iter()
+                    .map(|&c| self.series(c, n, |r| r.cpu_from_ticks).iter().sum::<f64>())
+                    .sum();
+                format!("{ticks} / {readings}")
+            }),
+        );
         if !p.quick {
+            // Too short in quick runs for /proc/stat's 10 ms ticks.
+            for c in [Condition::Default, Condition::Noisy] {
+                row(
+                    &mut out,
+                    &format!("efficiency_l2{}, noise-adjusted", c.suffix()),
+                    names.iter().map(|n| {
+                        format!(
+                            "{:.3}",
+                            median(self.series(c, n, |r| r.efficiency_adjusted_l2))
+                        )
+                    }),
+                );
+                let _ = writeln!(
+                    out,
+                    "  two plain threads, noise-adjusted: {:.3}",
+                    median(self.pass(c).reference_adjusted.clone())
+                );
+            }
             let _ = writeln!(
                 out,
                 "  (noise-adjusted: work / CPU that was idle or ours during the run, \
-                 in 10 ms ticks, about ±2%; two plain threads: {:.3})",
-                median(self.reference_adjusted.clone())
+                 in 10 ms ticks, about ±2%)"
             );
         }
+
+        self.print_scale(&mut out);
 
         // Targets.
         let _ = writeln!(
             out,
-            "\ntargets (ratios of this run's medians; rounds = rounds in which it held)"
+            "\ntargets (ratios of this run's medians, default runtime; \
+             held = rounds in which it held)"
         );
+        let targets = self.targets();
         let mut all = true;
-        for t in self.targets() {
-            let ok = Target::holds(t.value, &t.need);
+        for t in &targets {
+            let ok = t.need.holds(t.value);
             all &= ok;
-            let need = match t.need {
-                Need::AtMost(n) => format!("<= {n}"),
-                Need::AtLeast(n) => format!(">= {n}"),
-            };
-            let held = t
-                .per_round
-                .iter()
-                .filter(|&&v| Target::holds(v, &t.need))
-                .count();
-            let rounds = if t.per_round.is_empty() {
-                String::new()
-            } else {
-                format!("{held}/{} rounds", t.per_round.len())
-            };
             let _ = writeln!(
                 out,
-                "  {:<54}{:>9.3}  {:<9}{:<6}{rounds}",
+                "  {:<54}{:>9.3}  {:<9}{:<6}{}/{} held{}",
                 t.what,
                 t.value,
-                need,
-                if ok { "PASS" } else { "FAIL" }
+                t.need.show(),
+                if ok { "PASS" } else { "FAIL" },
+                t.held(),
+                t.per_round.len(),
+                if t.note.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", t.note)
+                }
             );
             if t.per_round.len() > 1 {
                 let _ = writeln!(out, "      per round: {}", list(&t.per_round));
             }
-        }
-        if !p.quick {
-            // Information only: the same target over the CPU the run could
-            // get, for a machine shared with others.
-            let adjusted = self.series("offloader", |r| r.efficiency_adjusted_l2);
-            let held = adjusted.iter().filter(|&&e| e >= 0.90).count();
-            let v = median(adjusted.clone());
-            let _ = writeln!(
-                out,
-                "  {:<54}{v:>9.3}  {:<9}{:<6}{held}/{} rounds  (information, not a target)",
-                "efficiency_l2: offloader, noise-adjusted",
-                ">= 0.9",
-                if v >= 0.90 { "pass" } else { "fail" },
-                adjusted.len()
-            );
-            let _ = writeln!(
-                out,
-                "      per round: {}  (two plain threads: {})",
-                list(&adjusted),
-                list(&self.reference_adjusted)
-            );
         }
         let _ = writeln!(
             out,
@@ -967,32 +1622,244 @@ impl Report {
             }
         );
         print!("{out}");
-
         if json {
-            let decimals = |m: &str| match m {
-                "efficiency_l2" => 4,
-                "throughput_l2" | "throughput_l64" | "peak_threads_l2" => 0,
-                "bytes_per_queued_job" => 2,
-                _ => 1,
+            println!("{}", self.json(&targets));
+        }
+    }
+
+    fn print_condition(&self, out: &mut String, c: Condition, names: &[&str]) {
+        let _ = writeln!(out, "\n== {} ==", c.title());
+        row(
+            out,
+            "metric (median over rounds)",
+            names.iter().map(|n| short(n).to_owned()),
+        );
+        for metric in c.metrics() {
+            let label = match metric {
+                "latency_ns" => "latency_ns (lower is better)",
+                "throughput_l2" => "throughput_l2 (jobs/s)",
+                "throughput_l64" => "throughput_l64 (jobs/s)",
+                "efficiency_l2" => "efficiency_l2 (ideal/actual)",
+                "peak_threads_l2" => "peak_threads_l2 (above own)",
+                "bytes_per_queued_job_with_handle" => "bytes_per_queued_job, with handle",
+                other => other,
             };
-            let body: Vec<String> = METRICS
+            row(
+                out,
+                label,
+                names.iter().map(|n| {
+                    let v = self.value(c, metric, n);
+                    match metric {
+                        "efficiency_l2" if v.is_finite() => format!("{v:.3}"),
+                        m if m.starts_with("bytes") && v.is_finite() => format!("{v:.2}"),
+                        _ => grouped(v),
+                    }
+                }),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  efficiency_l2 of two plain threads: {:.3} (per round: {})",
+            self.reference(c),
+            list(&self.pass(c).reference)
+        );
+        row(
+            out,
+            "  raw peak / own threads",
+            names.iter().map(|n| {
+                format!(
+                    "{} / {}",
+                    grouped(self.raw_peak(c, n)),
+                    self.own_threads(c, n)
+                )
+            }),
+        );
+        if c.has_bytes() {
+            row(
+                out,
+                "  RSS before → after (MiB), last",
+                names.iter().map(|n| {
+                    match self.pass(c).bytes.get(&(*n, false)).and_then(|b| b.last()) {
+                        Some(b) if b.per_job.is_finite() => {
+                            format!("{:.1} → {:.1}", b.before_kb / 1024.0, b.after_kb / 1024.0)
+                        }
+                        _ => "n/a".into(),
+                    }
+                }),
+            );
+        }
+        if c == Condition::Noisy {
+            for metric in ["throughput_l2", "throughput_l64"] {
+                row(
+                    out,
+                    &format!("{metric} kept (noisy/default)"),
+                    names.iter().map(|n| {
+                        let v =
+                            self.value(c, metric, n) / self.value(Condition::Default, metric, n);
+                        format!("{v:.3}")
+                    }),
+                );
+            }
+        }
+    }
+
+    fn print_scale(&self, out: &mut String) {
+        let s = &self.scale;
+        if s.sizes.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\nscale: offloader, max_in_flight(1) held by a blocked function; ns per \
+             operation, median over {} round(s), {:.1} s; guard {} s per operation",
+            s.rounds,
+            s.elapsed.as_secs_f64(),
+            self.plan.scale_guard.as_secs()
+        );
+        let _ = write!(out, "{:<24}", "operation");
+        for &n in &s.sizes {
+            let _ = write!(out, "{:>12}", scale::size_label(n));
+        }
+        let _ = writeln!(out, "{:>12}  spread at each size", "ratio");
+        for (oi, op) in SCALE_OPS.iter().enumerate() {
+            let _ = write!(out, "{:<24}", op.name());
+            for &n in &s.sizes {
+                let _ = write!(out, "{:>12}", self.scale_cell_text(oi, n));
+            }
+            let ratio = match (s.sizes.first(), s.sizes.last()) {
+                (Some(&a), Some(&b)) if b > a => self.scale_value(oi, b) / self.scale_value(oi, a),
+                _ => f64::NAN,
+            };
+            let spreads: Vec<String> = s
+                .sizes
                 .iter()
-                .map(|m| {
-                    let cells: Vec<String> = SYSTEMS
-                        .iter()
-                        .map(|s| {
-                            format!(
-                                "\"{}\": {}",
-                                s.name(),
-                                json_number(self.value(m, s.name()), decimals(m))
-                            )
-                        })
-                        .collect();
-                    format!("\"{m}\": {{{}}}", cells.join(", "))
+                .map(|&n| {
+                    let v = self
+                        .scale
+                        .cells
+                        .get(&(oi, n))
+                        .map(|c| c.per_round.clone())
+                        .unwrap_or_default();
+                    let sp = spread(&v);
+                    if sp.is_finite() {
+                        format!("{:.0}%", 100.0 * sp)
+                    } else {
+                        "-".into()
+                    }
                 })
                 .collect();
-            println!("{{{}}}", body.join(", "));
+            let _ = writeln!(
+                out,
+                "{:>12}  {}",
+                if ratio.is_finite() {
+                    format!("{ratio:.2}")
+                } else {
+                    "n/a".into()
+                },
+                spreads.join(" ")
+            );
+            for &n in &s.sizes {
+                if let Some(t) = s.cells.get(&(oi, n)).and_then(|c| c.too_slow) {
+                    let _ = writeln!(
+                        out,
+                        "    {} at {}: {} of {n} done in {:.1} s ({} ns each so far); \
+                         not tried again at this size or larger",
+                        op.name(),
+                        scale::size_label(n),
+                        t.done,
+                        t.seconds,
+                        grouped(t.seconds * 1e9 / t.done.max(1) as f64)
+                    );
+                }
+            }
         }
+    }
+
+    fn json(&self, targets: &[Target]) -> String {
+        let mut parts = Vec::new();
+        for c in CONDITIONS {
+            for metric in c.metrics() {
+                let decimals = match metric {
+                    "efficiency_l2" => 4,
+                    "throughput_l2" | "throughput_l64" | "peak_threads_l2" => 0,
+                    m if m.starts_with("bytes") => 2,
+                    _ => 1,
+                };
+                let mut cells: Vec<(String, String)> = SYSTEMS
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.name().to_owned(),
+                            json_number(self.value(c, metric, s.name()), decimals),
+                        )
+                    })
+                    .collect();
+                if metric == "efficiency_l2" {
+                    cells.push(("raw_threads".into(), json_number(self.reference(c), 4)));
+                }
+                parts.push(json_object(&format!("{metric}{}", c.suffix()), &cells));
+            }
+        }
+        parts.push(format!("\"rounds\": {}", self.rounds()));
+        let held: Vec<(String, String)> = targets
+            .iter()
+            .map(|t| (t.key.clone(), t.held().to_string()))
+            .collect();
+        parts.push(json_object("rounds_held", &held));
+        let ratios: Vec<(String, String)> = targets
+            .iter()
+            .map(|t| (t.key.clone(), json_number(t.value, 4)))
+            .collect();
+        parts.push(json_object("target_ratio", &ratios));
+        let spreads: Vec<(String, String)> = SYSTEMS
+            .iter()
+            .map(|s| {
+                let v = self.series(Condition::Default, s.name(), |r| r.throughput_l2);
+                (s.name().to_owned(), json_number(spread(&v), 4))
+            })
+            .collect();
+        parts.push(json_object("spread_throughput_l2", &spreads));
+
+        let s = &self.scale;
+        let mut too_slow = Vec::new();
+        for (oi, op) in SCALE_OPS.iter().enumerate() {
+            for &n in &s.sizes {
+                let key = format!("scale_{}_{}", op.name(), scale::size_label(n));
+                parts.push(format!(
+                    "\"{key}\": {}",
+                    json_number(self.scale_value(oi, n), 1)
+                ));
+                if let Some(t) = s.cells.get(&(oi, n)).and_then(|c| c.too_slow) {
+                    too_slow.push((
+                        key,
+                        format!(
+                            "{{\"done\": {}, \"of\": {n}, \"seconds\": {}}}",
+                            t.done,
+                            json_number(t.seconds, 2)
+                        ),
+                    ));
+                }
+            }
+        }
+        if let (Some(&small), Some(&big)) = (s.sizes.first(), s.sizes.last()) {
+            if big > small {
+                for (oi, op) in SCALE_OPS.iter().enumerate() {
+                    parts.push(format!(
+                        "\"scale_ratio_{}\": {}",
+                        op.name(),
+                        json_number(self.scale_value(oi, big) / self.scale_value(oi, small), 3)
+                    ));
+                }
+                parts.push(format!(
+                    "\"scale_ratio_of\": \"{}/{}\"",
+                    scale::size_label(big),
+                    scale::size_label(small)
+                ));
+            }
+        }
+        parts.push(format!("\"scale_rounds\": {}", s.rounds));
+        parts.push(json_object("scale_too_slow", &too_slow));
+        format!("{{{}}}", parts.join(", "))
     }
 }
 
@@ -1011,6 +1878,20 @@ fn proc_status(key: &str) -> usize {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// utime + stime of this process, exited threads included, in clock ticks
+/// (`/proc/self/stat` fields 14 and 15).
+fn own_ticks() -> u64 {
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may contain spaces): state is
+    // field 3, utime 14, stime 15.
+    let after = me.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
 }
 
 /// A point in time on the machine's CPU accounting (`/proc/stat`, in
@@ -1037,16 +1918,10 @@ impl CpuMark {
             .collect();
         // user nice system idle iowait ...
         let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
-        let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-        // Fields after the command name (which may contain spaces): state is
-        // field 3, utime 14, stime 15.
-        let after = me.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let f: Vec<u64> = after
-            .split_whitespace()
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
-        let ours = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-        CpuMark { idle, ours }
+        CpuMark {
+            idle,
+            ours: own_ticks(),
+        }
     }
 
     /// Core-seconds since this mark that were idle or used by this process.
@@ -1054,6 +1929,69 @@ impl CpuMark {
         let now = CpuMark::now();
         let ticks = now.idle.saturating_sub(self.idle) + now.ours.saturating_sub(self.ours);
         ticks as f64 / 100.0
+    }
+}
+
+/// The CPU time of every thread of this process (ns, from
+/// `/proc/self/task/*/schedstat`), and of the process (ticks, from
+/// `/proc/self/stat`).
+struct CpuSnapshot {
+    /// (thread id, ns on a CPU), sorted by thread id.
+    threads: Vec<(u32, u64)>,
+    ticks: u64,
+}
+
+impl CpuSnapshot {
+    fn take() -> CpuSnapshot {
+        let mut threads = Vec::new();
+        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+            for entry in dir.flatten() {
+                let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                    continue;
+                };
+                // A thread that exited since the listing has no file left.
+                let ns = std::fs::read_to_string(entry.path().join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse().ok());
+                if let Some(ns) = ns {
+                    threads.push((tid, ns));
+                }
+            }
+        }
+        threads.sort_unstable();
+        CpuSnapshot {
+            threads,
+            ticks: own_ticks(),
+        }
+    }
+
+    fn thread(&self, tid: u32) -> Option<u64> {
+        self.threads
+            .binary_search_by_key(&tid, |&(t, _)| t)
+            .ok()
+            .map(|i| self.threads[i].1)
+    }
+
+    /// CPU ns used since `before` by every thread but `exclude`. Falls back
+    /// to the tick count when a thread's time may have been lost with it
+    /// (see the module docs); then the second value is 1.
+    fn used_since(&self, before: &CpuSnapshot, exclude: Option<u32>) -> (f64, u8) {
+        let ns: u64 = self
+            .threads
+            .iter()
+            .filter(|&&(tid, _)| Some(tid) != exclude)
+            .map(|&(tid, now)| now.saturating_sub(before.thread(tid).unwrap_or(0)))
+            .sum();
+        let vanished = before
+            .threads
+            .iter()
+            .any(|&(tid, _)| self.thread(tid).is_none());
+        let ticks_ns = self.ticks.saturating_sub(before.ticks) * TICK_NS;
+        if self.threads.is_empty() || vanished || ticks_ns > ns + 2 * TICK_NS {
+            (ticks_ns as f64, 1)
+        } else {
+            (ns as f64, 0)
+        }
     }
 }
 
@@ -1065,13 +2003,24 @@ fn rss_kb() -> usize {
     proc_status("VmRSS:")
 }
 
+/// The calling thread's id, from `/proc/thread-self` (`PID/task/TID`).
+fn thread_id() -> Option<u32> {
+    std::fs::read_link("/proc/thread-self")
+        .ok()?
+        .file_name()?
+        .to_str()?
+        .parse()
+        .ok()
+}
+
 /// Samples the process's thread count every 2 ms while active (a read of
 /// `/proc/self/status` is not free: sampling faster takes CPU from the
-/// measured system).
+/// measured system; the CPU metrics leave the sampler's own time out).
 struct Sampler {
     active: Arc<AtomicBool>,
     peak: Arc<AtomicUsize>,
     thread: std::thread::Thread,
+    tid: Option<u32>,
 }
 
 impl Sampler {
@@ -1079,14 +2028,18 @@ impl Sampler {
         let active = Arc::new(AtomicBool::new(false));
         let peak = Arc::new(AtomicUsize::new(0));
         let (a, p) = (active.clone(), peak.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
         let handle = std::thread::Builder::new()
             .name("sampler".into())
-            .spawn(move || loop {
-                if a.load(Ordering::Acquire) {
-                    p.fetch_max(threads(), Ordering::AcqRel);
-                    std::thread::sleep(Duration::from_millis(2));
-                } else {
-                    std::thread::park();
+            .spawn(move || {
+                let _ = tx.send(thread_id());
+                loop {
+                    if a.load(Ordering::Acquire) {
+                        p.fetch_max(threads(), Ordering::AcqRel);
+                        std::thread::sleep(Duration::from_millis(2));
+                    } else {
+                        std::thread::park();
+                    }
                 }
             })
             .expect("sampler thread");
@@ -1094,6 +2047,7 @@ impl Sampler {
             active,
             peak,
             thread: handle.thread().clone(),
+            tid: rx.recv().ok().flatten(),
         }
     }
 
@@ -1110,29 +2064,33 @@ impl Sampler {
     }
 }
 
-fn child_args(args: &[String]) -> (System, usize, Duration) {
-    let system = args
-        .first()
-        .and_then(|n| System::from_name(n))
-        .unwrap_or_else(|| fail("child: unknown system"));
-    let n = args
-        .get(1)
+/// Positional argument `i` of a child, parsed.
+fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> T {
+    args.get(i)
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| fail("child: bad number"));
-    let limit = args
-        .get(2)
-        .and_then(|v| v.parse().ok())
-        .map_or(Duration::from_secs(170), Duration::from_secs);
-    (system, n, limit)
+        .unwrap_or_else(|| fail(&format!("child: bad argument {i} in {args:?}")))
 }
 
-/// `__serve SYSTEM LIMIT WATCHDOG_S`: answers one measurement per line of
-/// stdin (`latency N`, `throughput N`, `efficiency N ITERS`,
+fn arg_system(args: &[String], i: usize) -> System {
+    args.get(i)
+        .and_then(|n| System::from_name(n))
+        .unwrap_or_else(|| fail("child: unknown system"))
+}
+
+fn arg_driver(args: &[String], i: usize) -> Driver {
+    args.get(i)
+        .and_then(|n| Driver::from_name(n))
+        .unwrap_or_else(|| fail("child: unknown runtime"))
+}
+
+/// `__serve SYSTEM LIMIT WATCHDOG_S RUNTIME`: answers one measurement per
+/// line of stdin (`latency N`, `throughput N`, `efficiency N ITERS`,
 /// `detached N ITERS`, `exit`).
 fn serve(args: &[String]) {
-    let (system, limit, wd) = child_args(args);
-    watchdog(wd, "a measuring child");
-    let rt = common::driver_runtime();
+    let system = arg_system(args, 0);
+    let limit: usize = arg(args, 1);
+    watchdog(Duration::from_secs(arg(args, 2)), "a measuring child");
+    let rt = arg_driver(args, 3).runtime();
     let sampler = Sampler::start();
     let built = Peer::build(system, limit);
     let own = threads();
@@ -1163,6 +2121,7 @@ fn serve(args: &[String]) {
             }
             Some("throughput") => {
                 let n = num(1) as usize;
+                let cpu = CpuSnapshot::take();
                 sampler.begin();
                 let (took, submitted) = on_runtime(&rt, async move {
                     let t = Instant::now();
@@ -1171,21 +2130,24 @@ fn serve(args: &[String]) {
                     (t.elapsed(), submitted)
                 });
                 let peak = sampler.end();
+                let (cpu_ns, ticks) = CpuSnapshot::take().used_since(&cpu, sampler.tid);
                 format!(
-                    "throughput {} {peak} {}",
+                    "throughput {} {peak} {} {cpu_ns} {ticks}",
                     took.as_secs_f64(),
                     submitted.as_secs_f64()
                 )
             }
             Some("efficiency") => {
                 let (n, iters) = (num(1) as usize, num(2));
+                let cpu = CpuSnapshot::take();
                 let (took, avail) = on_runtime(&rt, async move {
                     let mark = CpuMark::now();
                     let t = Instant::now();
                     std::hint::black_box(peer.batch(n, iters).await);
                     (t.elapsed(), mark.available_since())
                 });
-                format!("efficiency {} {avail}", took.as_secs_f64())
+                let (cpu_ns, ticks) = CpuSnapshot::take().used_since(&cpu, sampler.tid);
+                format!("efficiency {} {avail} {cpu_ns} {ticks}", took.as_secs_f64())
             }
             Some("detached") => {
                 let (n, iters) = (num(1) as usize, num(2));
@@ -1205,7 +2167,7 @@ fn serve(args: &[String]) {
     std::process::exit(0);
 }
 
-/// Runs `fut` as a task on the driver runtime's worker, as application
+/// Runs `fut` as a task on the driver runtime's workers, as application
 /// code would run.
 fn on_runtime<T: Send + 'static>(
     rt: &tokio::runtime::Runtime,
@@ -1214,74 +2176,101 @@ fn on_runtime<T: Send + 'static>(
     rt.block_on(rt.spawn(fut)).expect("measurement task")
 }
 
-/// A gate blocked jobs wait on.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Gate {
-    fn wait(&self) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        while !*open {
-            open = self.cv.wait(open).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.cv.notify_all();
-    }
-}
-
-/// `__bytes SYSTEM JOBS WATCHDOG_S`: RSS growth per queued job. Prints
-/// `bytes PER_JOB BEFORE_KB AFTER_KB`.
+/// `__bytes SYSTEM JOBS WATCHDOG_S RUNTIME KEEP`: RSS growth per queued job
+/// (handles kept if KEEP is 1). Prints `bytes PER_JOB BEFORE_KB AFTER_KB`.
 fn bytes_child(args: &[String]) {
-    let (system, jobs, wd) = child_args(args);
-    watchdog(wd, "a memory child");
+    let system = arg_system(args, 0);
+    let jobs: usize = arg(args, 1);
+    watchdog(Duration::from_secs(arg(args, 2)), "a memory child");
+    let rt = arg_driver(args, 3).runtime();
+    let keep = arg::<u8>(args, 4) == 1;
     // Block every thread the system may use: its limit is 1, except tokio's
     // default pool, whose limit is its 512 threads.
     let (limit, blockers) = match system {
         System::SpawnBlocking => (1, 512),
         _ => (1, 1),
     };
-    let rt = common::driver_runtime();
     let built = Peer::build(system, limit);
     let peer = built.peer.clone();
     let gate = Arc::new(Gate::default());
-    let started = Arc::new(AtomicUsize::new(0));
     let g = gate.clone();
     let (before, after) = on_runtime(&rt, async move {
+        let (started, mut running) = tokio::sync::mpsc::unbounded_channel();
         for _ in 0..blockers {
-            let (g, s) = (g.clone(), started.clone());
+            let (g, started) = (g.clone(), started.clone());
             peer.detach(move || {
-                s.fetch_add(1, Ordering::AcqRel);
+                let _ = started.send(());
                 g.wait();
                 0
             });
         }
-        while started.load(Ordering::Acquire) < blockers {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        for _ in 0..blockers {
+            running.recv().await.expect("a blocker started");
         }
         // A first 1% of queued jobs outside the measurement: one-time costs
         // of the first queued job (lazy initialisation, the queue's first
         // buffer) are not a cost per job. Every system gets the same.
-        for _ in 0..jobs / 100 {
-            peer.detach(|| common::work(0));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let first = peer.queue_noop(jobs / 100, keep);
         let before = rss_kb();
-        for _ in 0..jobs {
-            peer.detach(|| common::work(0));
-        }
-        // Let every submission settle (spawned tasks polled once, waiting).
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        (before, rss_kb())
+        let queued = peer.queue_noop(jobs, keep);
+        // Submitting is synchronous for every system but the semaphore
+        // pattern, whose tasks hold all their state from the spawn on
+        // (polling them allocates nothing more): nothing to wait for.
+        let after = rss_kb();
+        drop((first, queued));
+        (before, after)
     });
     let per_job = (after as f64 - before as f64) * 1024.0 / jobs.max(1) as f64;
     println!("bytes {per_job:.2} {before} {after}");
     let _ = std::io::stdout().flush();
     gate.open();
+    std::process::exit(0);
+}
+
+/// `__scale OP N REPS GUARD_MS WATCHDOG_S SEED`: times a scale operation
+/// REPS times on a queue of N (see `benches/common/scale.rs`). Prints
+/// `scale ok NS_PER_OP` (the median), or `scale too_slow DONE SECONDS` as
+/// soon as one operation has run for GUARD_MS.
+fn scale_child(args: &[String]) {
+    let op = args
+        .first()
+        .and_then(|n| ScaleOp::from_name(n))
+        .unwrap_or_else(|| fail("child: unknown scale operation"));
+    let n: usize = arg(args, 1);
+    let reps: usize = arg(args, 2);
+    let guard = Duration::from_millis(arg(args, 3));
+    watchdog(Duration::from_secs(arg(args, 4)), "a scale child");
+    let seed: u64 = arg(args, 5);
+    let rt = common::driver_runtime();
+    let meter = scale::Meter::new();
+    meter.watch(guard, |done, took| {
+        println!("scale too_slow {done} {:.3}", took.as_secs_f64());
+        let _ = std::io::stdout().flush();
+        std::process::exit(0);
+    });
+    let mut per_op = Vec::with_capacity(reps);
+    for rep in 0..reps {
+        let m = meter.clone();
+        let seed = seed * 1_000 + rep as u64;
+        let took = on_runtime(&rt, async move { scale::measure(op, n, seed, &m).await });
+        per_op.push(took.as_nanos() as f64 / n.max(1) as f64);
+    }
+    println!("scale ok {:.3}", median(per_op));
+    let _ = std::io::stdout().flush();
+    std::process::exit(0);
+}
+
+/// `__burn WATCHDOG_S`: one thread burning CPU until stdin closes.
+fn burn(args: &[String]) {
+    watchdog(Duration::from_secs(arg(args, 0)), "the noisy neighbour");
+    std::thread::Builder::new()
+        .name("burn".into())
+        .spawn(|| loop {
+            std::hint::black_box(common::work(1 << 16));
+        })
+        .expect("burning thread");
+    println!("burning");
+    let _ = std::io::stdout().flush();
+    let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
     std::process::exit(0);
 }

@@ -67,15 +67,68 @@ impl System {
     }
 }
 
-/// The runtime that drives every measurement, the same for every system:
-/// multi-threaded with one worker (the async side of an application that
-/// offloads its blocking work), default blocking pool.
+/// The tokio runtime that drives a measurement (the async side of an
+/// application that offloads its blocking work). Every system in a process
+/// gets the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Driver {
+    /// What users get by default (`#[tokio::main]`): multi-thread, one
+    /// worker per core, default blocking pool.
+    Default,
+    /// Multi-thread with a single worker, default blocking pool.
+    OneWorker,
+}
+
+/// Both drivers, in the order of the report.
+pub(crate) const DRIVERS: [Driver; 2] = [Driver::Default, Driver::OneWorker];
+
+impl Driver {
+    /// The name used on child command lines.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Driver::Default => "default",
+            Driver::OneWorker => "one_worker",
+        }
+    }
+
+    pub(crate) fn from_name(name: &str) -> Option<Driver> {
+        DRIVERS.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Builds the runtime.
+    pub(crate) fn runtime(self) -> tokio::runtime::Runtime {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if self == Driver::OneWorker {
+            b.worker_threads(1);
+        }
+        b.enable_all().build().expect("driver runtime")
+    }
+}
+
+/// The runtime users get by default, [`Driver::Default`].
 pub(crate) fn driver_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("driver runtime")
+    Driver::Default.runtime()
+}
+
+/// A gate that blocked functions wait on until it is opened.
+#[derive(Default)]
+pub(crate) struct Gate {
+    open: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    pub(crate) fn wait(&self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = self.cv.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub(crate) fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
 }
 
 /// The blocking function every job runs: `iters` rounds of a serial
@@ -286,18 +339,7 @@ impl Peer {
             }
             Peer::SemaphoreSpawnBlocking(sem) => {
                 let jobs: Vec<_> = (0..n)
-                    .map(|_| {
-                        let sem = sem.clone();
-                        tokio::spawn(async move {
-                            let permit = sem.acquire_owned().await.expect("semaphore open");
-                            tokio::task::spawn_blocking(move || {
-                                let _permit = permit;
-                                work(iters)
-                            })
-                            .await
-                            .expect("spawn_blocking job")
-                        })
-                    })
+                    .map(|_| semaphore_task(sem, move || work(iters)))
                     .collect();
                 submitted = began.elapsed();
                 for job in jobs {
@@ -363,20 +405,61 @@ impl Peer {
                 Err(e) => panic!("offloader refused a job: {}", e.reason()),
             },
             Peer::SpawnBlocking => drop(tokio::task::spawn_blocking(f)),
-            Peer::SemaphoreSpawnBlocking(sem) => {
-                let sem = sem.clone();
-                drop(tokio::spawn(async move {
-                    let permit = sem.acquire_owned().await.expect("semaphore open");
-                    tokio::task::spawn_blocking(move || {
-                        let _permit = permit;
-                        f()
-                    })
-                    .await
-                    .expect("spawn_blocking job")
-                }));
-            }
+            Peer::SemaphoreSpawnBlocking(sem) => drop(semaphore_task(sem, f)),
             Peer::TokioCapped(rt) => drop(rt.spawn_blocking(f)),
             Peer::BlockingUnblock => blocking::unblock(f).detach(),
         }
     }
+
+    /// Submits `n` no-op jobs. With `keep`, returns every job's handle (the
+    /// one each system gives its caller: `JobHandle`, `JoinHandle`,
+    /// `blocking::Task`) in a vector sized for `n` up front; otherwise the
+    /// jobs are detached. Must be called on the driver runtime.
+    pub(crate) fn queue_noop(&self, n: usize, keep: bool) -> Box<dyn std::any::Any + Send> {
+        if !keep {
+            for _ in 0..n {
+                self.detach(|| work(0));
+            }
+            return Box::new(());
+        }
+        fn kept<H: Send + 'static>(
+            n: usize,
+            mut f: impl FnMut() -> H,
+        ) -> Box<dyn std::any::Any + Send> {
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push(f());
+            }
+            Box::new(v)
+        }
+        match self {
+            Peer::Offloader(pool) => kept(n, || {
+                pool.offload(|_stop| work(0))
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("offloader refused a job: {}", e.reason()))
+            }),
+            Peer::SpawnBlocking => kept(n, || tokio::task::spawn_blocking(|| work(0))),
+            Peer::SemaphoreSpawnBlocking(sem) => kept(n, || semaphore_task(sem, || work(0))),
+            Peer::TokioCapped(rt) => kept(n, || rt.spawn_blocking(|| work(0))),
+            Peer::BlockingUnblock => kept(n, || blocking::unblock(|| work(0))),
+        }
+    }
+}
+
+/// The hand-rolled pattern: a task that takes an owned permit, then runs
+/// `f` on the blocking pool with the permit moved into the closure.
+fn semaphore_task<F>(sem: &Arc<Semaphore>, f: F) -> tokio::task::JoinHandle<u64>
+where
+    F: FnOnce() -> u64 + Send + 'static,
+{
+    let sem = sem.clone();
+    tokio::spawn(async move {
+        let permit = sem.acquire_owned().await.expect("semaphore open");
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f()
+        })
+        .await
+        .expect("spawn_blocking job")
+    })
 }

@@ -22,10 +22,13 @@
 //! exist and how far they got; the `done` table tells which effects exist.
 //!
 //! The ledger lives in a uniquely named file in `std::env::temp_dir()`,
-//! removed at the end. The observer runs on whichever thread caused the
-//! transition (a worker, the submitting task, the closing task), so it does
-//! one short write under a `Mutex<Connection>`, with a bounded busy timeout:
-//! it never blocks forever.
+//! removed at the end, written with `synchronous=FULL` (every commit is
+//! flushed to disk). The observer runs on the pool's own delivery thread, so
+//! those flushes stall neither the async runtime nor a worker: the example
+//! runs on a current-thread runtime with a 10 ms `tokio::time::interval`
+//! ticking beside run 1, and checks that no tick came late by more than
+//! `MAX_TICK_LATENESS` while the observer committed its events. The writes
+//! use a bounded busy timeout: the observer never blocks forever.
 //!
 //! Run with `cargo run --release --example durable_ledger`. Exits with
 //! status 1 if a job was lost, run twice, or re-submitted when it had
@@ -52,12 +55,17 @@ const MAX_IN_FLIGHT: usize = 2;
 /// The close's budgets: graceful first, then after the stop request.
 const GRACEFUL: Duration = Duration::from_millis(100);
 const AFTER_STOP: Duration = Duration::from_secs(2);
+/// The interval's period beside run 1, and the most a tick may come late
+/// (a generous bound for a shared machine; an fsync per event on the async
+/// thread would exceed it).
+const TICK: Duration = Duration::from_millis(10);
+const MAX_TICK_LATENESS: Duration = Duration::from_millis(100);
 /// How long a SQLite write may wait for the file lock before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let db = TempDb::new();
     let outcome = run(&db.path).await;
@@ -81,6 +89,25 @@ async fn run(db: &Path) -> Res<()> {
         "run 1: {BATCH} invoices, max_in_flight({MAX_IN_FLIGHT}); {HANGING:?} hit an upstream that hangs"
     );
     let (ledger, pool) = start(db, 1)?;
+    // Beside run 1, on the same (single) async thread: an interval whose
+    // worst lateness shows whether anything blocked that thread.
+    let (ticking_tx, ticking_rx) = tokio::sync::oneshot::channel::<()>();
+    let ticker = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(TICK);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stop = ticking_rx;
+        let mut worst = Duration::ZERO;
+        let mut ticks = 0u32;
+        loop {
+            tokio::select! {
+                at = interval.tick() => {
+                    worst = worst.max(tokio::time::Instant::now() - at);
+                    ticks += 1;
+                }
+                _ = &mut stop => return (worst, ticks),
+            }
+        }
+    });
     let (started_tx, mut started_rx) = mpsc::unbounded_channel();
     let mut handles = Vec::new();
     for key in &keys {
@@ -115,6 +142,18 @@ async fn run(db: &Path) -> Res<()> {
     check_close(&report, &keys)?;
     for (key, handle) in keys.iter().zip(handles) {
         println!("  {key}: owner sees {}", owner_view(handle.await));
+    }
+    pool.idle().await; // every event committed to the ledger
+    let _ = ticking_tx.send(());
+    let (worst, ticks) = ticker.await?;
+    let events = pool.metrics().events_delivered;
+    println!(
+        "  interval beside run 1: {ticks} ticks of {TICK:?}, worst lateness {worst:?}, while the observer committed {events} events with synchronous=FULL"
+    );
+    if worst > MAX_TICK_LATENESS {
+        return Err(
+            format!("a tick came {worst:?} late: something blocked the async thread").into(),
+        );
     }
     ledger.check()?;
     drop(pool);
@@ -464,7 +503,7 @@ fn open(db: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(db)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)
 }
 

@@ -18,6 +18,8 @@ pub(crate) const MAX_IN_FLIGHT: usize = 1 << 20;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 /// Default for [`Builder::queue_capacity`].
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+/// Default for [`Builder::observer_lag`].
+pub const DEFAULT_OBSERVER_LAG: usize = 1024;
 /// Default for [`Builder::keep_alive`].
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
 
@@ -52,6 +54,7 @@ pub(crate) struct Config {
     pub(crate) abandon: AbandonPolicy,
     pub(crate) stuck_after: Option<Duration>,
     pub(crate) observer: Option<ObserverSlot>,
+    pub(crate) observer_lag: usize,
     /// The process-wide pool, which ignores shutdown requests.
     pub(crate) global: bool,
 }
@@ -68,6 +71,7 @@ impl Default for Builder {
                 abandon: AbandonPolicy::Keep,
                 stuck_after: None,
                 observer: None,
+                observer_lag: DEFAULT_OBSERVER_LAG,
                 global: false,
             },
         }
@@ -144,6 +148,17 @@ impl Builder {
         self
     }
 
+    /// How many lifecycle events may wait undelivered before admission is
+    /// held back (default [`DEFAULT_OBSERVER_LAG`]): `submit` and awaited
+    /// offloads wait for the observer, [`Offload::spawn`](crate::Offload::spawn)
+    /// is refused with [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind).
+    /// Events of jobs already accepted are never held back, so at most
+    /// `observer_lag + 4 × (queue_capacity + max_in_flight)` events wait.
+    pub fn observer_lag(mut self, events: usize) -> Self {
+        self.config.observer_lag = events;
+        self
+    }
+
     /// Checks the configuration and builds the offloader. No thread is
     /// started until the first job.
     ///
@@ -188,6 +203,9 @@ impl Config {
                 got: self.queue_capacity,
                 max: MAX_QUEUE_CAPACITY,
             });
+        }
+        if self.observer_lag == 0 {
+            return Err(BuildError::ZeroObserverLag);
         }
         if self.thread_name.contains('\0') {
             return Err(BuildError::ThreadName {

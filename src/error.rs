@@ -214,6 +214,15 @@ pub enum Rejected {
     /// The offloader is shutting down and accepts no new work.
     #[error("the offloader is shutting down and accepts no new jobs")]
     ShuttingDown,
+    /// The lifecycle observer has fallen `lag` events behind, more than
+    /// [`Builder::observer_lag`](crate::Builder::observer_lag) allows: the
+    /// pool holds admission back rather than buffer without bound. `submit`
+    /// and awaited offloads wait for it instead.
+    #[error("the lifecycle observer is {lag} events behind; new jobs wait until it catches up")]
+    ObserverBehind {
+        /// Events not yet delivered.
+        lag: usize,
+    },
     /// A worker thread was needed and could not be spawned.
     #[error("no worker thread could be spawned to run it: {0}")]
     ThreadSpawn(#[source] std::io::Error),
@@ -231,6 +240,7 @@ impl Rejected {
                 waited: *waited,
             },
             Rejected::ShuttingDown => Rejected::ShuttingDown,
+            Rejected::ObserverBehind { lag } => Rejected::ObserverBehind { lag: *lag },
             Rejected::ThreadSpawn(e) => {
                 Rejected::ThreadSpawn(std::io::Error::new(e.kind(), e.to_string()))
             }
@@ -315,6 +325,9 @@ pub enum BuildError {
         /// The largest supported limit.
         max: usize,
     },
+    /// `observer_lag` was zero: no event could ever be pending.
+    #[error("observer_lag must be at least 1")]
+    ZeroObserverLag,
     /// The thread name contains a NUL byte, which no OS thread name can
     /// hold.
     #[error("thread_name must not contain a NUL byte, got {name:?}")]

@@ -426,6 +426,7 @@ mod report;
 mod state;
 
 mod config;
+mod delivery;
 mod pool;
 mod worker;
 
@@ -436,7 +437,10 @@ mod shutdown;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use config::{Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_QUEUE_CAPACITY};
+pub use config::{
+    Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
+    DEFAULT_QUEUE_CAPACITY,
+};
 pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
 pub use handle::JobHandle;
 pub use id::{JobId, JobState};

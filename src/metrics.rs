@@ -26,6 +26,13 @@ pub struct Metrics {
     pub rejected_shutdown: u64,
     /// Jobs refused because no worker thread could be spawned.
     pub rejected_spawn: u64,
+    /// Jobs refused because the lifecycle observer had fallen more than
+    /// `observer_lag` events behind (`spawn` only; awaiting forms wait).
+    pub rejected_observer: u64,
+    /// Lifecycle events delivered to the observer so far.
+    pub events_delivered: u64,
+    /// Lifecycle events not yet delivered: how far the observer lags.
+    pub events_pending: u64,
     /// Worker threads the OS refused to spawn while a job was accepted
     /// anyway, because a worker already existed to run it later (the job
     /// waited for a busy worker instead of being refused).
@@ -73,7 +80,7 @@ impl Metrics {
 
     /// Jobs refused for any reason.
     pub fn rejected(&self) -> u64 {
-        self.rejected_full + self.rejected_shutdown + self.rejected_spawn
+        self.rejected_full + self.rejected_shutdown + self.rejected_spawn + self.rejected_observer
     }
 
     /// `true` if `accepted = queued + running + terminal` holds. It always

@@ -6,12 +6,21 @@
 //! 1. Events are appended to the pool's event queue in the same critical
 //!    section as the transition they report, so the queue's order is the
 //!    order in which the transitions happened (per job and across jobs).
-//! 2. At most one thread delivers at a time (`dispatching`), in queue order,
-//!    and never while holding the pool's lock: the observer is user code.
-//! 3. Whoever appends an event flushes afterwards; a flush that finds another
-//!    thread dispatching leaves the event to it, and that thread only stops
-//!    after seeing the queue empty under the lock. So every event is
-//!    delivered.
+//! 2. One thread delivers, the pool's delivery thread (`src/delivery.rs`),
+//!    in queue order, and never while holding the pool's lock: the observer
+//!    is user code, and it never runs on a caller's async thread or on a
+//!    worker that holds the next job's permit.
+//! 3. Whoever appends an event rings the delivery thread's doorbell after
+//!    unlocking (a bounded `crossbeam-channel` of one message, so a ring is
+//!    never lost and never blocks); the delivery thread only waits on the
+//!    doorbell after seeing the queue empty under the lock. So every event
+//!    is delivered, once.
+//! 4. The queue is bounded: admission waits (`submit`, `.await`) or is
+//!    refused (`spawn`, [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind))
+//!    while `observer_lag` events are undelivered, and an accepted job adds
+//!    at most four events (accepted, started, finished or never started,
+//!    abandoned). So at most `observer_lag + 4 × (queue_capacity +
+//!    max_in_flight)` events ever wait.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -24,12 +33,22 @@ use crate::job::JobCore;
 /// Receives every job's lifecycle transitions.
 ///
 /// Set with [`Builder::observer`](crate::Builder::observer). Events for one
-/// pool arrive one at a time, in the order the transitions happened, on
-/// whichever thread caused them (a worker, a submitting task, the thread
-/// that shut the pool down). The observer is never called while the pool's
-/// internal locks are held, so it may call back into the pool; keep it
-/// fast, as the thread delivering events waits for it. A panic in the
-/// observer is caught and logged; delivery goes on.
+/// pool arrive one at a time, exactly once, in the order the transitions
+/// happened, on the pool's own delivery thread (`<thread_name>-observer`):
+/// never on a caller's async thread, never on a worker. So the observer may
+/// block (a durable ledger may `fsync`) without stalling a runtime or
+/// holding a permit. It is never called while the pool's internal locks are
+/// held, so it may call back into the pool.
+///
+/// An observer that falls behind by more than
+/// [`Builder::observer_lag`](crate::Builder::observer_lag) undelivered events
+/// holds admission back: `submit` and awaited offloads wait for it,
+/// [`spawn`](crate::Offload::spawn) is refused with
+/// [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind). Nothing is
+/// buffered without bound. [`Metrics::events_delivered`](crate::Metrics::events_delivered)
+/// and [`Metrics::events_pending`](crate::Metrics::events_pending) show how it
+/// keeps up; `idle()` and termination wait until every event is delivered. A
+/// panic in the observer is caught and logged; delivery goes on.
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
@@ -140,7 +159,9 @@ pub enum EventKind {
 #[derive(Default)]
 pub(crate) struct EventQueue {
     events: VecDeque<JobEvent>,
-    dispatching: bool,
+    /// Events taken by the delivery thread and not yet delivered.
+    in_flight: usize,
+    delivered: u64,
 }
 
 impl EventQueue {
@@ -158,27 +179,34 @@ impl EventQueue {
 
     /// `true` when every appended event has been delivered.
     pub(crate) fn is_drained(&self) -> bool {
-        self.events.is_empty() && !self.dispatching
+        self.events.is_empty() && self.in_flight == 0
     }
 
-    /// Claims the dispatcher role and takes the first batch; `None` if
-    /// another thread is dispatching or there is nothing to deliver.
-    pub(crate) fn begin(&mut self) -> Option<VecDeque<JobEvent>> {
-        if self.dispatching || self.events.is_empty() {
-            return None;
-        }
-        self.dispatching = true;
-        Some(std::mem::take(&mut self.events))
+    /// Events appended and not yet delivered: how far the observer lags.
+    pub(crate) fn lag(&self) -> usize {
+        self.events.len() + self.in_flight
     }
 
-    /// Takes the next batch for the current dispatcher, or gives up the role
-    /// when the queue is empty (inv. 3).
-    pub(crate) fn next(&mut self) -> Option<VecDeque<JobEvent>> {
+    /// Events delivered so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// Takes every pending event for the delivery thread (the only taker,
+    /// inv. 2); `None` if there is none.
+    pub(crate) fn take(&mut self) -> Option<VecDeque<JobEvent>> {
         if self.events.is_empty() {
-            self.dispatching = false;
             return None;
         }
-        Some(std::mem::take(&mut self.events))
+        let batch = std::mem::take(&mut self.events);
+        self.in_flight = batch.len();
+        Some(batch)
+    }
+
+    /// The batch taken last was delivered.
+    pub(crate) fn done(&mut self) {
+        self.delivered += self.in_flight as u64;
+        self.in_flight = 0;
     }
 }
 

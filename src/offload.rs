@@ -163,7 +163,8 @@ where
             freed.as_mut().enable();
             match this.try_accept(began) {
                 Ok(handle) => return Ok(handle),
-                Err((Rejected::Full { .. }, back)) => this = back,
+                // Room, or the observer catching up, frees a slot.
+                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => this = back,
                 Err((reason, back)) => {
                     inner.count_refusal(&reason);
                     return Err(SubmitError::new(reason, back.func));
@@ -334,7 +335,10 @@ where
                             };
                             match o.try_accept(*this.began) {
                                 Ok(handle) => Ok(handle),
-                                Err((Rejected::Full { .. }, back)) => {
+                                Err((
+                                    Rejected::Full { .. } | Rejected::ObserverBehind { .. },
+                                    back,
+                                )) => {
                                     *waiting = Some(Box::pin(back.submit_from(*this.began)));
                                     continue;
                                 }

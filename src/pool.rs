@@ -16,7 +16,6 @@ use crate::error::{Error, Rejected};
 use crate::id::JobId;
 use crate::job::{Job, JobCore, Task};
 use crate::metrics::Metrics;
-use crate::observer::deliver;
 use crate::offload::Offload;
 use crate::policy::Departure;
 use crate::quiet::call_quietly;
@@ -80,9 +79,13 @@ impl Offloader {
         let state = State::new(
             config.max_in_flight,
             config.queue_capacity,
-            config.observer.is_some(),
+            config.observer.as_ref().map(|_| config.observer_lag),
             hint.clone(),
         );
+        let doorbell = config
+            .observer
+            .as_ref()
+            .map(|_| crossbeam_channel::bounded(1));
         let inner = Arc::new(Inner {
             config,
             state: Mutex::new(state),
@@ -92,6 +95,7 @@ impl Offloader {
             room_freed: tokio::sync::Notify::new(),
             next_id: AtomicU64::new(0),
             recent_run_ns: AtomicU64::new(1_000_000),
+            doorbell,
         });
         Offloader {
             handle: Arc::new(PoolHandle { inner }),
@@ -200,6 +204,13 @@ pub(crate) struct Inner {
     /// Moving average of recent run times (ns), for callers deciding
     /// whether a short spin will see the outcome before parking is worth it.
     pub(crate) recent_run_ns: AtomicU64,
+    /// The observer delivery thread's doorbell (observer.rs inv. 3): a
+    /// bounded channel of one message, rung after events were queued or the
+    /// pool may have settled. `None` without an observer.
+    pub(crate) doorbell: Option<(
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    )>,
 }
 
 impl Inner {
@@ -241,8 +252,16 @@ impl Inner {
         if let Some(task) = release {
             crate::quiet::drop_quietly(task);
         }
-        if events {
-            self.flush_events();
+        if events || settled {
+            self.ring();
+        }
+    }
+
+    /// Wakes the observer's delivery thread; a ring already pending is
+    /// enough (never blocks).
+    pub(crate) fn ring(&self) {
+        if let Some((bell, _)) = &self.doorbell {
+            let _ = bell.try_send(());
         }
     }
 
@@ -290,10 +309,14 @@ impl Inner {
             Err(e) => Some(e),
         };
         let monitor_error = self.ensure_monitor(&mut s);
+        let delivery_error = self.ensure_delivery(&mut s);
         s.accept(task.clone(), &mut after);
         drop(s);
         if let Some(e) = monitor_error {
             tracing::warn!(error = %e, "could not spawn the stuck-job monitor; stuck jobs go unreported");
+        }
+        if let Some(e) = delivery_error {
+            tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job");
         }
         tracing::trace!(parent: &task.core().span(), "accepted");
         if let Some(e) = spawn_error {
@@ -342,25 +365,13 @@ impl Inner {
         self.after(after);
     }
 
-    /// Counts a refusal that the caller reports (a full queue, for good).
+    /// Counts a refusal that the caller reports (a full queue or a lagging
+    /// observer, for good).
     pub(crate) fn count_refusal(&self, reason: &Rejected) {
-        if let Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } = reason {
-            self.lock().count_full();
-        }
-    }
-
-    /// Delivers pending observer events (observer.rs inv. 2–3).
-    pub(crate) fn flush_events(&self) {
-        let Some(observer) = &self.config.observer else {
-            return;
-        };
-        let mut batch = self.lock().events_begin();
-        while let Some(events) = batch {
-            deliver(&*observer.0, &events);
-            crate::quiet::drop_quietly(events);
-            let mut after = After::default();
-            batch = self.lock().events_next(&mut after);
-            self.after(after);
+        match reason {
+            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => self.lock().count_full(),
+            Rejected::ObserverBehind { .. } => self.lock().count_observer_behind(),
+            Rejected::ShuttingDown | Rejected::ThreadSpawn(_) => {}
         }
     }
 

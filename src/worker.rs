@@ -289,7 +289,7 @@ impl Inner {
 
     /// Spawns a pool thread whose handle the state keeps, so that
     /// termination can join it.
-    fn spawn_thread(
+    pub(crate) fn spawn_thread(
         self: &Arc<Self>,
         s: &mut State,
         role: &str,

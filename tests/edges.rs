@@ -458,6 +458,7 @@ async fn a_weak_handle_does_not_keep_the_pool_open() {
         .unwrap();
     *holder.0.lock().unwrap() = Some(pool.downgrade());
     within("a job", pool.offload(|_| ())).await.unwrap();
+    within("every event delivered", pool.idle()).await;
     assert!(holder.1.load(Ordering::SeqCst) >= 1);
     let weak = pool.downgrade();
     let watcher = pool.clone();

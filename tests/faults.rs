@@ -898,14 +898,15 @@ async fn an_observer_whose_panic_payload_panics_on_drop() {
         .thread_name("fault-obspayload")
         .build()
         .expect("valid");
-    // The first event (Accepted) is delivered by the submitting thread.
+    // The first event (Accepted) is delivered by the pool's delivery
+    // thread: the panic must neither reach the submitter nor stop delivery.
     let spawned = catch_unwind(AssertUnwindSafe(|| pool.offload(|_| 1).spawn()));
-    assert_eq!(drops.load(Ordering::SeqCst), 1, "the payload was dropped");
     let escaped = spawned.is_err();
     if let Ok(h) = spawned {
         assert_eq!(within("the job", h.expect("accepted")).await.unwrap(), 1);
     }
     let idle = tokio::time::timeout(HANG, pool.idle()).await.is_ok();
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "the payload was dropped");
     let offered = observer.2.load(Ordering::SeqCst);
     assert!(
         !escaped && idle && offered == 3,

@@ -700,3 +700,138 @@ async fn termination_waits_for_an_observer_that_is_still_delivering() {
         Err(Error::Unstarted { .. })
     ));
 }
+
+/// An observer that blocks on a gate: what a durable ledger's `fsync` does.
+struct Slow {
+    hold: Mutex<Option<Hold>>,
+    threads: Mutex<Vec<String>>,
+    seen: AtomicUsize,
+}
+
+impl Slow {
+    fn new(hold: Hold) -> Arc<Slow> {
+        Arc::new(Slow {
+            hold: Mutex::new(Some(hold)),
+            threads: Mutex::new(Vec::new()),
+            seen: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl Observer for Slow {
+    fn on_event(&self, _event: &JobEvent) {
+        let name = std::thread::current().name().unwrap_or("").to_owned();
+        self.threads.lock().unwrap().push(name);
+        // Only the first event blocks, until the test opens the gate.
+        let hold = self.hold.lock().unwrap().take();
+        if let Some(hold) = hold {
+            hold.wait();
+        }
+        self.seen.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Issue 10, item 11: a slow observer runs on the pool's own delivery
+/// thread: it stalls neither the submitting async thread (a timer on a
+/// current-thread runtime keeps firing) nor a worker.
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_observer_stalls_neither_the_async_thread_nor_the_workers() {
+    let (gate, hold) = gate();
+    let slow = Slow::new(hold);
+    let pool = Offloader::builder()
+        .thread_name("obs-slow")
+        .observer(slow.clone())
+        .build()
+        .unwrap();
+    // The observer now blocks on its first event; spawn returns anyway.
+    let h = pool.offload(|_| 5).spawn().unwrap();
+    // The job runs and its outcome arrives while the observer is blocked.
+    assert_eq!(within("the job", h).await.unwrap(), 5);
+    // The async thread is free: a timer on it fires.
+    within(
+        "a timer on the same thread",
+        tokio::time::sleep(Duration::from_millis(1)),
+    )
+    .await;
+    assert_eq!(slow.seen.load(Ordering::SeqCst), 0, "still blocked");
+    assert!(!pool.is_idle(), "idle waits for delivery");
+    gate.open();
+    within("every event delivered", pool.idle()).await;
+    assert_eq!(slow.seen.load(Ordering::SeqCst), 3);
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (3, 0), "{m:?}");
+    for name in slow.threads.lock().unwrap().iter() {
+        assert_eq!(
+            name, "obs-slow-observer",
+            "delivered on the delivery thread"
+        );
+    }
+    pool.shutdown();
+    within("terminated", pool.terminated()).await;
+}
+
+/// Issue 10, item 11: an observer more than `observer_lag` events behind
+/// holds admission back: `spawn` is refused with its own reason, awaited
+/// offloads and `submit` wait (a timed `submit` gives up), nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_observer_holds_admission_back() {
+    let (gate, hold) = gate();
+    let slow = Slow::new(hold);
+    let pool = Offloader::builder()
+        .observer(slow.clone())
+        .observer_lag(4)
+        .build()
+        .unwrap();
+    let mut done = Vec::new();
+    // Two jobs make six events; the observer is stuck on the first.
+    for i in 0..2 {
+        let h = pool.offload(move |_| i).spawn().unwrap();
+        done.push(within("job", h).await.unwrap());
+    }
+    let err = pool
+        .offload(|_| 9)
+        .spawn()
+        .expect_err("six events behind, bound four");
+    match err.reason() {
+        offloader::Rejected::ObserverBehind { lag } => assert!(*lag >= 4, "{lag}"),
+        other => panic!("expected ObserverBehind, got {other:?}"),
+    }
+    let timed = within(
+        "a timed submit",
+        pool.offload(|_| 9)
+            .with_timeout(Duration::from_millis(20))
+            .submit(),
+    )
+    .await;
+    assert!(timed.is_err(), "gave up within its timeout");
+    // An awaited offload waits for the observer to catch up.
+    let waiting = tokio::spawn(pool.offload(|_| 7).into_future());
+    assert!(!waiting.is_finished());
+    let m = pool.metrics();
+    assert!(m.events_pending >= 4 && m.rejected_observer == 1, "{m:?}");
+    assert!(m.ledger_balances(), "{m:?}");
+    gate.open();
+    assert_eq!(
+        within("the waiting offload", waiting)
+            .await
+            .unwrap()
+            .unwrap(),
+        7
+    );
+    within("idle", pool.idle()).await;
+    let m = pool.metrics();
+    assert_eq!(m.events_pending, 0, "{m:?}");
+    assert_eq!(m.events_delivered, slow.seen.load(Ordering::SeqCst) as u64);
+    assert_eq!(m.accepted, 3, "{m:?}");
+    assert_eq!(done, vec![0, 1]);
+}
+
+/// `observer_lag(0)` is a configuration error.
+#[test]
+fn a_zero_observer_lag_is_refused() {
+    let err = Offloader::builder().observer_lag(0).build().unwrap_err();
+    assert!(
+        matches!(err, offloader::BuildError::ZeroObserverLag),
+        "{err}"
+    );
+}

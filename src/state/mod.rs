@@ -110,6 +110,7 @@ struct Counts {
     rejected_full: u64,
     rejected_shutdown: u64,
     rejected_spawn: u64,
+    rejected_observer: u64,
     spawn_failures: u64,
     completed: u64,
     panicked: u64,
@@ -144,6 +145,8 @@ pub(crate) struct State {
     max_in_flight: usize,
     queue_capacity: usize,
     observe: bool,
+    /// Undelivered observer events beyond which admission is held back.
+    observer_lag: usize,
     /// Every queued or running job, by the key its core records.
     jobs: Slab<Arc<dyn Task>>,
     /// Exactly the `Queued` jobs, in submission order (S2).
@@ -169,6 +172,8 @@ pub(crate) struct State {
     shutdown: bool,
     /// The stuck-job monitor thread is alive.
     monitor: bool,
+    /// The observer's delivery thread is alive.
+    delivery: bool,
     inject_spawn_failures: usize,
     /// Handles of live pool threads (workers and the monitor), by slot.
     threads: Slab<Option<thread::JoinHandle<()>>>,
@@ -187,13 +192,14 @@ impl State {
     pub(crate) fn new(
         max_in_flight: usize,
         queue_capacity: usize,
-        observe: bool,
+        observer_lag: Option<usize>,
         hint: std::sync::Arc<AtomicUsize>,
     ) -> Self {
         State {
             max_in_flight,
             queue_capacity,
-            observe,
+            observe: observer_lag.is_some(),
+            observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
             queue: List::default(),
             running: List::default(),
@@ -208,6 +214,7 @@ impl State {
             own_waiters: 0,
             shutdown: false,
             monitor: false,
+            delivery: false,
             inject_spawn_failures: 0,
             threads: Slab::default(),
             exited: Vec::new(),
@@ -234,6 +241,11 @@ impl State {
                 capacity: self.queue_capacity,
             });
         }
+        if self.observe && self.events.lag() >= self.observer_lag {
+            return Err(Rejected::ObserverBehind {
+                lag: self.events.lag(),
+            });
+        }
         Ok(())
     }
 
@@ -256,6 +268,11 @@ impl State {
     /// Counts a refusal the caller reports: a full queue, for good.
     pub(crate) fn count_full(&mut self) {
         self.counts.rejected_full += 1;
+    }
+
+    /// Counts a refusal for an observer that fell behind.
+    pub(crate) fn count_observer_behind(&mut self) {
+        self.counts.rejected_observer += 1;
     }
 
     // ----- job transitions -------------------------------------------------
@@ -408,22 +425,19 @@ impl State {
         }
     }
 
-    /// Starts delivering: the pending events, unless another thread is
-    /// delivering (observer.rs inv. 2).
-    pub(crate) fn events_begin(&mut self) -> Option<std::collections::VecDeque<JobEvent>> {
-        self.events.begin()
+    /// Takes every pending event for the delivery thread.
+    pub(crate) fn events_take(&mut self) -> Option<std::collections::VecDeque<JobEvent>> {
+        self.events.take()
     }
 
-    /// The next batch for the delivering thread; `None` ends its turn.
-    pub(crate) fn events_next(
-        &mut self,
-        after: &mut After,
-    ) -> Option<std::collections::VecDeque<JobEvent>> {
-        let next = self.events.next();
-        if next.is_none() {
-            self.settle_check(after);
+    /// The delivery thread delivered the batch it took: admission held back
+    /// by the lag may go on, idleness may follow.
+    pub(crate) fn events_done(&mut self, after: &mut After) {
+        self.events.done();
+        if self.room_waiters > 0 {
+            after.room = Room::All;
         }
-        next
+        self.settle_check(after);
     }
 
     // ----- waiters and queries -------------------------------------------
@@ -481,7 +495,7 @@ impl State {
     /// Shut down, idle, and every pool thread has retired (some may still
     /// be exiting: see [`State::take_exited`]).
     pub(crate) fn threads_retired(&self) -> bool {
-        self.shutdown && self.is_idle() && self.workers == 0 && !self.monitor
+        self.shutdown && self.is_idle() && self.workers == 0 && !self.monitor && !self.delivery
     }
 
     /// Shut down, idle and no worker left (the monitor's exit condition).
@@ -520,6 +534,9 @@ impl State {
             rejected_full: c.rejected_full,
             rejected_shutdown: c.rejected_shutdown,
             rejected_spawn: c.rejected_spawn,
+            rejected_observer: c.rejected_observer,
+            events_delivered: self.events.delivered(),
+            events_pending: self.events.lag() as u64,
             spawn_failures: c.spawn_failures,
             queued: self.queue.len() as u64,
             running: self.running.len() as u64,

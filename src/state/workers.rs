@@ -164,6 +164,33 @@ impl State {
         !std::mem::replace(&mut self.monitor, true)
     }
 
+    /// Marks the delivery thread started; `false` if it already runs.
+    pub(crate) fn delivery_starting(&mut self) -> bool {
+        self.observe && !std::mem::replace(&mut self.delivery, true)
+    }
+
+    /// The delivery thread in `slot` exits; returns earlier retirees to
+    /// join. `None` (and it stays) while events may still come: until the
+    /// pool is shut down, idle and without workers.
+    pub(crate) fn delivery_exit(
+        &mut self,
+        slot: Key,
+        after: &mut After,
+    ) -> Option<Vec<thread::JoinHandle<()>>> {
+        if !self.workers_done() {
+            return None;
+        }
+        self.delivery = false;
+        let earlier = self.thread_exit(slot);
+        self.settle_check(after);
+        Some(earlier)
+    }
+
+    /// The delivery thread could not start.
+    pub(crate) fn delivery_gone(&mut self) {
+        self.delivery = false;
+    }
+
     /// The monitor could not start.
     pub(crate) fn monitor_gone(&mut self, after: &mut After) {
         self.monitor = false;

@@ -14,6 +14,10 @@ pub(crate) const MAX_QUEUE_CAPACITY: usize = 1 << 31;
 /// Largest `max_in_flight` (2^20): a thread per permit.
 pub(crate) const MAX_IN_FLIGHT: usize = 1 << 20;
 
+// Every queued or running job, and every parked worker, has a 32-bit slab
+// key (slab.rs): the bounds leave room for all of them.
+const _: () = assert!(MAX_QUEUE_CAPACITY + 2 * MAX_IN_FLIGHT < u32::MAX as usize);
+
 /// Default for [`Builder::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 /// Default for [`Builder::queue_capacity`].

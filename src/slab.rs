@@ -19,9 +19,6 @@
 /// `Arc`; the pool bounds its configuration so keys never run out.
 pub(crate) type Key = u32;
 
-/// The most entries a slab holds (one key, `NIL`, is reserved).
-pub(crate) const MAX_ENTRIES: usize = (u32::MAX - 1) as usize;
-
 const NIL: Key = Key::MAX;
 
 struct Entry<T> {
@@ -69,7 +66,9 @@ impl<T> Default for Slab<T> {
 impl<T> Slab<T> {
     /// Stores `value` (in no list yet) and returns its key.
     ///
-    /// The caller bounds how many entries exist (at most [`MAX_ENTRIES`]).
+    /// The caller bounds how many entries exist: fewer than `u32::MAX` (one
+    /// key, `NIL`, is reserved). The pool's configuration bounds guarantee
+    /// it (config.rs).
     pub(crate) fn insert(&mut self, value: T) -> Key {
         self.len += 1;
         if self.free != NIL {
@@ -83,7 +82,6 @@ impl<T> Slab<T> {
             };
             return key;
         }
-        debug_assert!(self.entries.len() < MAX_ENTRIES);
         let key = self.entries.len() as Key;
         self.entries.push(Entry {
             value: Some(value),

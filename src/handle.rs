@@ -179,8 +179,13 @@ impl<T> JobHandle<T> {
     }
 
     /// Blocks the current thread until the outcome is ready, for synchronous
-    /// callers. Do not call it on an async runtime's worker thread: it blocks
-    /// that thread and every task scheduled on it.
+    /// callers: plain threads, `spawn_blocking`, other pools' jobs.
+    ///
+    /// On a tokio multi-thread runtime's worker it blocks through
+    /// `tokio::task::block_in_place`, so the worker's other tasks move
+    /// elsewhere meanwhile. On a current-thread runtime's thread it
+    /// **panics** (as tokio's `blocking_recv` does): it would stall every
+    /// task of that runtime. Await the handle there instead.
     ///
     /// Called by a function running on the same pool while the job is still
     /// queued, it fails at once with [`Error::WouldDeadlock`] if every other
@@ -189,10 +194,10 @@ impl<T> JobHandle<T> {
     /// jobs, or give the inner work its own pool.
     pub fn blocking_wait(self) -> Result<T, Error> {
         let _waiting = self.pool.enter_own_wait(self.job.core())?;
-        match self.job.wait_outcome(None) {
+        off_the_runtime(|| match self.job.wait_outcome(None) {
             Some(outcome) => outcome,
             None => Err(Error::OutcomeTaken { id: self.id() }),
-        }
+        })
     }
 
     /// Blocks at most `limit` for the outcome; on timeout returns
@@ -200,7 +205,7 @@ impl<T> JobHandle<T> {
     pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
         let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
-        match self.job.wait_outcome(began.checked_add(limit)) {
+        match off_the_runtime(|| self.job.wait_outcome(began.checked_add(limit))) {
             Some(outcome) => outcome,
             None => self.timed_out(began.elapsed(), None),
         }
@@ -349,4 +354,34 @@ impl<T> fmt::Debug for JobHandle<T> {
             .field("state", &self.state())
             .finish()
     }
+}
+
+/// Runs a blocking wait so that it does not stall an async runtime: through
+/// `block_in_place` (which hands a multi-thread runtime's worker over to
+/// another thread, and runs `wait` directly on any thread that is not a
+/// runtime worker), and with a clear panic on a current-thread runtime's
+/// thread, where blocking would stall every task of the runtime.
+fn off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
+    #[cfg(not(loom))]
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            // `block_in_place` runs `wait` directly on a blocking-pool
+            // thread of this runtime, and panics on its async thread.
+            let mut wait = Some(wait);
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tokio::task::block_in_place(|| wait.take().map(|w| w()))
+            }));
+            return match caught {
+                Ok(Some(r)) => r,
+                Ok(None) => unreachable!("the wait ran once"),
+                Err(_) => panic!(
+                    "offloader: JobHandle::blocking_wait called on a current-thread tokio runtime's thread; \
+                     blocking it would stall every task of that runtime. Await the handle instead \
+                     (or wait from spawn_blocking or a plain thread)."
+                ),
+            };
+        }
+        return tokio::task::block_in_place(wait);
+    }
+    wait()
 }

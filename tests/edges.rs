@@ -550,3 +550,51 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
     assert_eq!(first.unwrap(), 1);
     within("idle", pool.idle()).await;
 }
+
+/// Item 16: `blocking_wait` on a current-thread runtime's thread panics
+/// with a clear message instead of stalling every task of the runtime.
+#[tokio::test(flavor = "current_thread")]
+#[should_panic(expected = "current-thread tokio runtime")]
+async fn blocking_wait_on_a_current_thread_runtime_panics() {
+    support::quiet_deliberate_panics();
+    let pool = Offloader::builder().build().unwrap();
+    let h = pool.offload(|_| 1).spawn().unwrap();
+    let _ = h.blocking_wait();
+}
+
+/// Item 16, the legitimate places: `spawn_blocking` of a current-thread
+/// runtime, and a multi-thread runtime's worker (through `block_in_place`,
+/// so the worker's other tasks keep running meanwhile).
+#[tokio::test(flavor = "current_thread")]
+async fn blocking_wait_from_spawn_blocking_on_a_current_thread_runtime() {
+    let pool = Offloader::builder().build().unwrap();
+    let h = pool.offload(|_| 2).spawn().unwrap();
+    let v = within(
+        "spawn_blocking",
+        tokio::task::spawn_blocking(move || h.blocking_wait()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(v.unwrap(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn blocking_wait_on_a_multi_thread_worker_lets_other_tasks_run() {
+    let pool = Offloader::builder().build().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let h = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+            3
+        })
+        .spawn()
+        .unwrap();
+    recv("started", &mut started).await;
+    // The only runtime worker blocks in blocking_wait; a task spawned on the
+    // runtime still runs (block_in_place moved it) and opens the gate.
+    let opener = tokio::spawn(async move { g.open() });
+    assert_eq!(h.blocking_wait().unwrap(), 3);
+    within("the opener", opener).await.unwrap();
+}

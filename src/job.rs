@@ -139,8 +139,14 @@ impl JobCore {
     /// Time since the job was accepted (while queued) or since it started
     /// (once running or finished).
     pub(crate) fn clock(&self) -> Duration {
+        self.clock_at(now_ns())
+    }
+
+    /// [`clock`](Self::clock) as of `now` (from [`now_ns`]), for a caller
+    /// that reads the time once for many jobs.
+    pub(crate) fn clock_at(&self, now: u64) -> Duration {
         let since = self.time.load(std::sync::atomic::Ordering::Relaxed);
-        Duration::from_nanos(now_ns().saturating_sub(since))
+        Duration::from_nanos(now.saturating_sub(since))
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {

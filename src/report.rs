@@ -109,12 +109,13 @@ impl RunningJob {
 }
 
 impl UnstartedJob {
-    /// What an unstarted job's core says about it.
-    pub(crate) fn of(core: &JobCore) -> UnstartedJob {
+    /// What an unstarted job's core says about it, as of `now` (one clock
+    /// read for a whole drained queue).
+    pub(crate) fn of(core: &JobCore, now: u64) -> UnstartedJob {
         UnstartedJob {
             id: core.id,
             name: core.name().cloned(),
-            queued_for: core.clock(),
+            queued_for: core.clock_at(now),
         }
     }
 }

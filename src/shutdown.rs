@@ -109,11 +109,12 @@ impl Offloader {
             running,
         } = inner.lock().drain_unstarted(&mut after);
         inner.after(after);
+        let now = crate::id::now_ns();
         let unstarted = drained
             .into_iter()
             .map(|task| {
                 let core = task.core();
-                let job = UnstartedJob::of(core);
+                let job = UnstartedJob::of(core, now);
                 task.discard(Error::Unstarted { id: core.id });
                 drop_quietly(task);
                 job

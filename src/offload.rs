@@ -152,9 +152,10 @@ where
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
         let wait_until = self.timeout.map(|limit| began.timer_deadline(limit));
-        // Under a paused test clock, the wait for room (for running jobs to
-        // finish) holds the clock as long as it lasts.
-        let _hold = wait_until.and_then(|_| hold_paused_clock(|| true));
+        // Under a paused test clock, a timed wait for room (for running jobs
+        // to finish) holds the clock as long as it lasts; set up at the
+        // first wait.
+        let mut hold = None;
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -173,6 +174,9 @@ where
             match wait_until {
                 None => freed.await,
                 Some(at) => {
+                    if hold.is_none() {
+                        hold = Some(hold_paused_clock(|| true));
+                    }
                     if tokio::time::timeout_at(at, freed).await.is_err() {
                         let reason = Rejected::FullUntilTimeout {
                             capacity: inner.config.queue_capacity,
@@ -290,8 +294,9 @@ pin_project_lite::pin_project! {
         stage: Stage<F, T>,
         #[pin]
         timer: Option<tokio::time::Sleep>,
-        // Holds a paused test clock while the awaited job runs.
-        hold: Option<ClockHold>,
+        // Holds a paused test clock while the awaited job runs (`Some` once
+        // the timer was armed; the inner `None` when the clock runs).
+        hold: Option<Option<ClockHold>>,
     }
 
     impl<F, T> PinnedDrop for OffloadFuture<F, T> {
@@ -389,7 +394,7 @@ where
                     }
                     if this.limit.is_some() && this.hold.is_none() {
                         let job = handle.finished_probe();
-                        *this.hold = hold_paused_clock(move || !job());
+                        *this.hold = Some(hold_paused_clock(move || !job()));
                     }
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;

@@ -318,16 +318,32 @@ async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
 /// Joins retired threads without blocking an async thread: on tokio's
 /// blocking pool when a runtime is there, else inline.
 async fn join_off_thread(inner: &Arc<Inner>, exited: Vec<crate::sync::thread::JoinHandle<()>>) {
+    let pending = JoinOnDrop {
+        inner: inner.clone(),
+        handles: exited,
+    };
     #[cfg(not(loom))]
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        let pool = inner.clone();
-        let joined = rt.spawn_blocking(move || pool.join(exited));
-        // A join that could not finish (runtime shutting down) is retried
-        // by the next waiter: the handles are settled either way.
-        let _ = joined.await;
+        // If the runtime shuts down before running it, the closure (and
+        // the handles) is dropped: `JoinOnDrop` joins them there, so they
+        // are settled either way.
+        let _ = rt.spawn_blocking(move || drop(pending)).await;
         return;
     }
-    inner.join(exited);
+    drop(pending);
+}
+
+/// Retired threads' handles that are joined (and settled in the pool's
+/// state) when this is dropped, wherever that happens.
+struct JoinOnDrop {
+    inner: Arc<Inner>,
+    handles: Vec<crate::sync::thread::JoinHandle<()>>,
+}
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        self.inner.join(std::mem::take(&mut self.handles));
+    }
 }
 
 /// Blocks until `settled` holds or `until` passes (inv. 2, blocking side).

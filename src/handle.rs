@@ -59,7 +59,8 @@ pub struct JobHandle<T> {
 /// The wait limit a handle got from [`Offload::with_timeout`](crate::Offload::with_timeout).
 struct Timer {
     began: Began,
-    limit: Duration,
+    /// `None`: no limit; the box only holds a paused test clock.
+    limit: Option<Duration>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Holds a paused test clock while the job runs.
     hold: Option<ClockHold>,
@@ -78,7 +79,7 @@ impl<T> JobHandle<T> {
     pub(crate) fn set_wait_limit(&mut self, began: Began, limit: Duration) {
         self.timer = Some(Box::new(Timer {
             began,
-            limit,
+            limit: Some(limit),
             sleep: None,
             hold: None,
         }));
@@ -318,14 +319,29 @@ impl<T> Future for JobHandle<T> {
             self.timer = None;
             return Poll::Ready(outcome);
         }
-        let finished = self.finished_probe();
+        // Under a paused test clock, an await of pool work holds the clock
+        // (as awaiting a `spawn_blocking` task does), limit or not.
+        if self.timer.as_ref().is_none_or(|t| t.hold.is_none()) {
+            let finished = self.finished_probe();
+            if let Some(hold) = hold_paused_clock(move || !finished()) {
+                let timer = self.timer.get_or_insert_with(|| {
+                    Box::new(Timer {
+                        began: Began::now(),
+                        limit: None,
+                        sleep: None,
+                        hold: None,
+                    })
+                });
+                timer.hold = Some(hold);
+            }
+        }
         let Some(timer) = &mut self.timer else {
             return Poll::Pending;
         };
-        if timer.sleep.is_none() {
-            timer.hold = hold_paused_clock(move || !finished());
-        }
-        let deadline = timer.began.timer_deadline(timer.limit);
+        let Some(limit) = timer.limit else {
+            return Poll::Pending;
+        };
+        let deadline = timer.began.timer_deadline(limit);
         let sleep = timer
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));

@@ -58,6 +58,7 @@ struct Extras {
 const CALLER_LEFT: u8 = 1;
 const CALLER_WAITING: u8 = 2;
 const STUCK_REPORTED: u8 = 4;
+const WAKER_SET: u8 = 8;
 
 /// What every job has, whatever its function and result types.
 pub(crate) struct JobCore {
@@ -190,6 +191,18 @@ impl JobCore {
         self.flags.load(Ordering::Acquire) & CALLER_WAITING != 0
     }
 
+    /// Keeps the hint that a waiter's waker is registered (set and cleared
+    /// under the cell lock, read under the pool lock: a hint, see
+    /// worker.rs).
+    pub(crate) fn set_waker_hint(&self, set: bool) {
+        self.set_flag(WAKER_SET, set);
+    }
+
+    /// Whether a waiter's waker is registered (a hint).
+    pub(crate) fn waker_hint(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & WAKER_SET != 0
+    }
+
     /// Marks the job reported as stuck; `true` the first time.
     pub(crate) fn mark_stuck_reported(&self) -> bool {
         self.flags.fetch_or(STUCK_REPORTED, Ordering::AcqRel) & STUCK_REPORTED == 0
@@ -304,6 +317,15 @@ where
         }
     }
 
+    /// Puts `waker` in the cell's waker slot (if the job is unpublished),
+    /// keeping the core's waker hint in step; returns the replaced waker,
+    /// for the caller to drop after unlocking.
+    fn set_waker(&self, cell: &mut Cell<F, T>, waker: Option<Waker>) -> Option<Waker> {
+        let slot = cell.waker_slot()?;
+        self.core.set_waker_hint(waker.is_some());
+        std::mem::replace(slot, waker)
+    }
+
     /// Takes the function back out of a job the pool refused (it never
     /// reached the queue, so its state word still reads `Queued`).
     pub(crate) fn take_refused(&self) -> Option<F> {
@@ -344,6 +366,7 @@ where
         let previous = std::mem::replace(&mut *cell, Cell::Published { outcome, stop_ext });
         debug_assert!(cell_matches(&cell, self.core.state_word()));
         drop(cell);
+        self.core.set_waker_hint(false);
         // Woken outside the lock; inv. 3 only needs the publish under it.
         let waker = match previous {
             Cell::Queued { waker, .. } | Cell::Running { waker, .. } => waker,
@@ -458,6 +481,7 @@ where
             },
         );
         debug_assert!(cell_matches(&cell, self.core.state_word()));
+        self.core.set_waker_hint(false);
         drop(cell);
         // The function is user code: dropped here, outside every lock.
         if let Cell::Queued { func, waker } = previous {
@@ -475,17 +499,31 @@ where
     T: Send + 'static,
 {
     fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
+        {
+            let mut cell = lock(&self.cell);
+            if let Some(outcome) = self.take_published(&mut cell) {
+                return Poll::Ready(outcome);
+            }
+            if let Some(Some(w)) = cell.waker_slot() {
+                // Compares two pointers; runs no waker code.
+                if w.will_wake(cx.waker()) {
+                    return Poll::Pending;
+                }
+            }
+        }
+        // A waker's clone and drop are foreign code: never under the cell
+        // lock (ARCHITECTURE.md invariant 9).
+        let new = cx.waker().clone();
         let mut cell = lock(&self.cell);
         if let Some(outcome) = self.take_published(&mut cell) {
+            drop(cell);
+            drop_quietly(new);
             return Poll::Ready(outcome);
         }
         // Registered under the cell lock: `publish` sees it (inv. 3).
-        if let Some(slot) = cell.waker_slot() {
-            match slot {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                w => *w = Some(cx.waker().clone()),
-            }
-        }
+        let old = self.set_waker(&mut cell, Some(new));
+        drop(cell);
+        drop_quietly(old);
         Poll::Pending
     }
 
@@ -496,18 +534,19 @@ where
             if let Some(outcome) = self.take_published(&mut cell) {
                 return Some(outcome);
             }
-            if let Some(slot) = cell.waker_slot() {
-                *slot = Some(waker.clone());
-            }
+            // The replaced waker may be a caller's (foreign): dropped outside.
+            let old = self.set_waker(&mut cell, Some(waker.clone()));
             drop(cell);
+            drop_quietly(old);
             match until {
                 None => thread::park(),
                 Some(until) => {
                     let now = Instant::now();
                     if now >= until {
-                        if let Some(slot) = lock(&self.cell).waker_slot() {
-                            *slot = None;
-                        }
+                        let mut cell = lock(&self.cell);
+                        let old = self.set_waker(&mut cell, None);
+                        drop(cell);
+                        drop_quietly(old);
                         return None;
                     }
                     park_timeout(until - now);

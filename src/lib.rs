@@ -414,6 +414,7 @@ mod policy;
 mod quiet;
 mod slab;
 mod sync;
+mod wait_list;
 
 mod error;
 mod metrics;

@@ -294,8 +294,7 @@ pin_project_lite::pin_project! {
         stage: Stage<F, T>,
         #[pin]
         timer: Option<tokio::time::Sleep>,
-        // Holds a paused test clock while the awaited job runs (`Some` once
-        // the timer was armed; the inner `None` when the clock runs).
+        // Holds a paused test clock while the awaited job runs.
         hold: Option<Option<ClockHold>>,
     }
 
@@ -392,7 +391,9 @@ where
                     {
                         continue;
                     }
-                    if this.limit.is_some() && this.hold.is_none() {
+                    // Under a paused test clock, an await of pool work holds
+                    // the clock, as awaiting `spawn_blocking` does.
+                    if this.hold.as_ref().is_none_or(Option::is_none) {
                         let job = handle.finished_probe();
                         *this.hold = Some(hold_paused_clock(move || !job()));
                     }

@@ -22,6 +22,7 @@ use crate::quiet::call_quietly;
 use crate::state::{After, Room, State, Waiters, Worker};
 use crate::stop::StopToken;
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
+use crate::wait_list::WaitList;
 
 /// A pool that runs blocking functions on its own worker threads, holding a
 /// permit for exactly as long as each function really runs.
@@ -91,7 +92,7 @@ impl Offloader {
             state: Mutex::new(state),
             queue_hint: hint,
             changed: Condvar::new(),
-            progress: tokio::sync::Notify::new(),
+            progress: WaitList::default(),
             room_freed: tokio::sync::Notify::new(),
             next_id: AtomicU64::new(0),
             recent_run_ns: AtomicU64::new(1_000_000),
@@ -194,8 +195,9 @@ pub(crate) struct Inner {
     /// Signalled (after unlocking) when the pool may have become idle or
     /// terminated: blocking waiters and the stuck-job monitor.
     pub(crate) changed: Condvar,
-    /// The same signal for async waiters.
-    pub(crate) progress: tokio::sync::Notify,
+    /// The same signal for async waiters (each woken on its own, a panic in
+    /// one caught: wait_list.rs).
+    pub(crate) progress: WaitList,
     /// Signalled (after unlocking) when a job may fit (one waiter) and at
     /// shutdown (every waiter), for callers waiting for room.
     pub(crate) room_freed: tokio::sync::Notify,
@@ -245,9 +247,7 @@ impl Inner {
         }
         if settled {
             self.changed.notify_all();
-            call_quietly("an idle or termination waiter's waker", || {
-                self.progress.notify_waiters()
-            });
+            self.progress.wake_all();
         }
         if let Some(task) = release {
             crate::quiet::drop_quietly(task);

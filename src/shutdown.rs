@@ -24,13 +24,14 @@
 //! 2. Every change that can make either true happens under the pool lock,
 //!    whose transition then asks (`After::settled`) for the waiters to be
 //!    signalled after unlocking. Blocking waiters test the condition under
-//!    the lock before waiting on the condvar; async waiters enable their
-//!    `Notified` before testing it. So no waiter misses the change.
+//!    the lock before waiting on the condvar; async waiters register their
+//!    waker (wait_list.rs) before testing it. So no waiter misses the change.
 //! 3. `shutdown_now` moves every queued job to `Unstarted` in one critical
 //!    section with setting `shutdown`, so no job can be accepted, or start,
 //!    after the list it returns was taken.
 
-use std::pin::pin;
+use std::future::poll_fn;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::clock::{hold_paused_clock, Began};
@@ -139,7 +140,11 @@ impl Offloader {
     }
 
     /// `true` once shutdown has begun, every accepted job is terminal, every
-    /// observer event has been delivered and every pool thread has exited.
+    /// observer event has been delivered and every pool thread has exited
+    /// and been joined. Never blocks: when the last threads have retired
+    /// but are still exiting (thread-local destructors), it starts joining
+    /// them on a helper thread and answers `false`; a later call answers
+    /// `true`.
     pub fn is_terminated(&self) -> bool {
         let inner = self.inner();
         let exited = {
@@ -149,12 +154,18 @@ impl Offloader {
             }
             s.take_exited()
         };
-        // Every thread has retired; joining the last ones waits at most
-        // for their thread-local destructors.
-        inner.join(exited);
-        inner.lock().is_terminated()
+        if !exited.is_empty() {
+            // Every pool thread has retired; the last ones may still be
+            // running their thread-local destructors. They are joined off
+            // this thread (which may be an async one), and a later call
+            // answers `true`.
+            join_elsewhere(JoinOnDrop {
+                inner: inner.clone(),
+                handles: exited,
+            });
+        }
+        false
     }
-
     /// `true` if every accepted job is terminal right now (nothing queued,
     /// nothing running).
     pub fn is_idle(&self) -> bool {
@@ -293,24 +304,34 @@ impl Offloader {
 async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
     // Counted so that transitions signal it (state.rs `settle_check`).
     let _registered = Waiting::new(inner, Waiters::Settle);
+    let mut waker = inner.progress.registration();
+    // Under a paused test clock, waiting for pool work holds the clock.
+    let mut hold = None;
     loop {
-        let mut notified = pin!(inner.progress.notified());
-        notified.as_mut().enable();
-        let exited = {
+        let exited = poll_fn(|cx| {
+            // Registered before the test: a signal after it is not lost.
+            waker.set(cx.waker());
             let mut s = inner.lock();
             if settled(&s) {
-                return;
+                return Poll::Ready(None);
             }
             if s.threads_retired() {
-                s.take_exited()
-            } else {
-                Vec::new()
+                let exited = s.take_exited();
+                if !exited.is_empty() {
+                    return Poll::Ready(Some(exited));
+                }
             }
-        };
-        if exited.is_empty() {
-            notified.await;
-        } else {
-            join_off_thread(inner, exited).await;
+            drop(s);
+            if hold.is_none() {
+                let pool = inner.clone();
+                hold = hold_paused_clock(move || !settled(&pool.lock()));
+            }
+            Poll::Pending
+        })
+        .await;
+        match exited {
+            None => return,
+            Some(exited) => join_off_thread(inner, exited).await,
         }
     }
 }
@@ -330,6 +351,22 @@ async fn join_off_thread(inner: &Arc<Inner>, exited: Vec<crate::sync::thread::Jo
         let _ = rt.spawn_blocking(move || drop(pending)).await;
         return;
     }
+    drop(pending);
+}
+
+/// Joins `pending` on a short-lived helper thread; if none can be spawned,
+/// here.
+fn join_elsewhere(pending: JoinOnDrop) {
+    #[cfg(not(loom))]
+    {
+        let name = format!("{}-reaper", pending.inner.config.thread_name);
+        // On failure the closure, and with it `pending`, is dropped here:
+        // the join happens inline.
+        let _ = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || drop(pending));
+    }
+    #[cfg(loom)]
     drop(pending);
 }
 

@@ -105,7 +105,16 @@ impl Inner {
                     s.published(1, &mut after);
                 }
                 s.finish(core, did_panic, ran, &mut after);
-                following = s.start(&mut after);
+                // The next job is marked started in this same critical
+                // section only if nothing foreign runs on this thread before
+                // its function does: no waiter to wake, no detached result
+                // to drop (ARCHITECTURE.md "A job's path"). Otherwise the
+                // worker takes it at its next lock, after that work.
+                let foreign_next =
+                    after.runs_foreign_code() || core.waker_hint() || !core.caller_waiting();
+                if !foreign_next {
+                    following = s.start(&mut after);
+                }
                 if following.is_none() {
                     // From here until it parks this worker will look at the
                     // queue again, so a submitter need not wake one.
@@ -223,18 +232,27 @@ impl Inner {
         self.join(earlier);
     }
 
-    /// Joins retired threads (never the caller's own) and settles them.
+    /// Joins retired threads and settles them. The calling thread's own
+    /// handle (a retiring pool thread whose thread-local destructor or
+    /// waker asks for termination) is not joined, which would deadlock: it
+    /// goes back to the exited list for the next waiter.
     pub(crate) fn join(&self, handles: Vec<thread::JoinHandle<()>>) {
         if handles.is_empty() {
             return;
         }
         let n = handles.len();
+        let me = thread::current().id();
+        let mut own = None;
         for h in handles {
+            if h.thread().id() == me {
+                own = Some(h);
+                continue;
+            }
             // A thread that panicked after retiring has nothing to report.
             let _ = h.join();
         }
         let mut after = After::default();
-        self.lock().joined(n, &mut after);
+        self.lock().joined(n, own, &mut after);
         self.after(after);
     }
 
@@ -262,8 +280,11 @@ impl Inner {
         } else {
             self.spawn_thread(s, "worker", move |inner, slot| inner.work_loop(id, slot))
         };
-        if spawned.is_err() {
-            s.spawn_failed();
+        match spawned {
+            Ok(()) => s.spawn_succeeded(),
+            Err(_) => {
+                s.spawn_failed();
+            }
         }
         spawned
     }

@@ -130,3 +130,23 @@ async fn a_submit_waiting_for_room_keeps_its_timeout_in_virtual_time() {
         .expect("room within the timeout");
     assert_eq!(h.await.unwrap(), 3);
 }
+
+/// A user's own `tokio::time::timeout` around an awaited offload, a handle
+/// or `idle()`: as with `spawn_blocking`, the pool work holds the clock.
+#[tokio::test(start_paused = true)]
+async fn a_users_own_timeout_around_pool_work_holds_the_clock() {
+    let pool = Offloader::builder().build().unwrap();
+    let v = tokio::time::timeout(Duration::from_millis(10), pool.offload(work(1)))
+        .await
+        .expect("the work finishes before 10 ms of virtual time");
+    assert_eq!(v.unwrap(), 1);
+    let h = pool.offload(work(2)).spawn().unwrap();
+    let v = tokio::time::timeout(Duration::from_millis(10), h)
+        .await
+        .expect("a handle too");
+    assert_eq!(v.unwrap(), 2);
+    pool.offload(work(3)).spawn().unwrap().detach();
+    tokio::time::timeout(Duration::from_millis(10), pool.idle())
+        .await
+        .expect("idle() too");
+}

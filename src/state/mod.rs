@@ -77,6 +77,13 @@ pub(crate) struct Drained {
     pub(crate) running: Vec<Arc<dyn Task>>,
 }
 
+impl After {
+    /// Whether carrying this out runs foreign code (waiters' wakers).
+    pub(crate) fn runs_foreign_code(&self) -> bool {
+        self.room != Room::None || self.settled
+    }
+}
+
 /// Which room waiters to wake.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Room {
@@ -175,6 +182,8 @@ pub(crate) struct State {
     /// The observer's delivery thread is alive.
     delivery: bool,
     inject_spawn_failures: usize,
+    /// The last worker spawn failed (and none succeeded since).
+    spawn_blocked: bool,
     /// Handles of live pool threads (workers and the monitor), by slot.
     threads: Slab<Option<thread::JoinHandle<()>>>,
     /// Handles of retired threads nobody has joined yet.
@@ -216,6 +225,7 @@ impl State {
             monitor: false,
             delivery: false,
             inject_spawn_failures: 0,
+            spawn_blocked: false,
             threads: Slab::default(),
             exited: Vec::new(),
             joining: 0,
@@ -249,10 +259,16 @@ impl State {
         Ok(())
     }
 
-    /// Queued jobs beyond the permits that are free now.
+    /// Queued jobs beyond the permits that are free now and have a worker
+    /// to run them: while the OS refuses new threads, only the workers that
+    /// exist count.
     fn waiting_for_permit(&self) -> usize {
-        let free = self.max_in_flight.saturating_sub(self.running.len());
-        self.queue.len().saturating_sub(free)
+        let startable = if self.spawn_blocked {
+            self.workers.saturating_sub(self.running.len())
+        } else {
+            self.max_in_flight.saturating_sub(self.running.len())
+        };
+        self.queue.len().saturating_sub(startable)
     }
 
     /// Transition *accept*: appends `task` to the queue and counts it.
@@ -282,7 +298,8 @@ impl State {
     pub(crate) fn start(&mut self, after: &mut After) -> Option<Arc<dyn Task>> {
         let key = self.jobs.pop_front(&mut self.queue)?;
         self.hint.store(self.queue.len(), Ordering::Release);
-        self.room_freed(after);
+        // No room frees: the job moves from waiting to running, and the
+        // bound is on jobs beyond the free permits.
         let task = self.jobs.get(key)?.clone();
         let core = task.core();
         if !core.transition(QUEUED, RUNNING) {

@@ -47,7 +47,13 @@ impl State {
         self.workers -= 1;
         self.searching -= 1;
         self.counts.spawn_failures += 1;
+        self.spawn_blocked = true;
         self.workers > 0
+    }
+
+    /// A worker counted by [`Worker::Spawn`] was spawned.
+    pub(crate) fn spawn_succeeded(&mut self) {
+        self.spawn_blocked = false;
     }
 
     /// Counts a job refused because no worker could be spawned for it.
@@ -153,9 +159,16 @@ impl State {
         handles
     }
 
-    /// `n` handles taken by [`State::take_exited`] were joined.
-    pub(crate) fn joined(&mut self, n: usize, after: &mut After) {
+    /// `n` handles taken by [`State::take_exited`] were settled: joined,
+    /// or (`back`, the joiner's own) returned to the exited list.
+    pub(crate) fn joined(
+        &mut self,
+        n: usize,
+        back: Option<thread::JoinHandle<()>>,
+        after: &mut After,
+    ) {
         self.joining -= n;
+        self.exited.extend(back);
         self.settle_check(after);
     }
 

@@ -1,0 +1,98 @@
+//! Leaf module: a list of async waiters woken together, each inside
+//! `catch_unwind`.
+//!
+//! `tokio::sync::Notify::notify_waiters` stops waking the rest of its batch
+//! when one waker panics, so one hostile waker could leave every other
+//! `idle()`/`terminated()` waiter asleep. Here every waker is woken on its
+//! own, outside the list's lock, and a panic in one is caught
+//! (ARCHITECTURE.md invariants 5 and 9). Clones and drops of wakers (foreign
+//! code too) also happen outside the lock.
+
+use std::collections::HashMap;
+use std::task::Waker;
+
+use crate::quiet::{drop_quietly, wake_quietly};
+
+// std's `Mutex`, in loom builds too: its lock guards only the waker map (no
+// proof rests on its interleavings), and in loom 0.7 a thread that blocks on
+// a modelled mutex loses an `unpark` sent to it just before, which deadlocked
+// the termination model (a worker parking right after a contended wake-up
+// never woke for the shutdown that claimed it).
+use std::sync::Mutex;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Waiters to wake together.
+#[derive(Default)]
+pub(crate) struct WaitList {
+    inner: Mutex<Waiters>,
+}
+
+#[derive(Default)]
+struct Waiters {
+    next: u64,
+    wakers: HashMap<u64, Waker>,
+}
+
+/// One waiter's place in a [`WaitList`]; dropping it unregisters.
+pub(crate) struct Registration<'a> {
+    list: &'a WaitList,
+    key: Option<u64>,
+}
+
+impl WaitList {
+    /// A place for one waiter, registered at its first [`Registration::set`].
+    pub(crate) fn registration(&self) -> Registration<'_> {
+        Registration {
+            list: self,
+            key: None,
+        }
+    }
+
+    /// Wakes every registered waiter once (each must register again to be
+    /// woken again).
+    pub(crate) fn wake_all(&self) {
+        let wakers = std::mem::take(&mut lock(&self.inner).wakers);
+        for (_, waker) in wakers {
+            wake_quietly(waker);
+        }
+    }
+}
+
+impl Registration<'_> {
+    /// Registers `waker` (replacing this waiter's earlier one). Call it
+    /// *before* testing the condition waited for, so that a wake-up after
+    /// the test is not lost.
+    pub(crate) fn set(&mut self, waker: &Waker) {
+        if let Some(key) = self.key {
+            let guard = lock(&self.list.inner);
+            if guard.wakers.get(&key).is_some_and(|w| w.will_wake(waker)) {
+                return;
+            }
+        }
+        let new = waker.clone();
+        let mut guard = lock(&self.list.inner);
+        let key = match self.key {
+            Some(key) => key,
+            None => {
+                guard.next += 1;
+                guard.next
+            }
+        };
+        self.key = Some(key);
+        let old = guard.wakers.insert(key, new);
+        drop(guard);
+        drop_quietly(old);
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            let old = lock(&self.list.inner).wakers.remove(&key);
+            drop_quietly(old);
+        }
+    }
+}

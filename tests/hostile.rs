@@ -1,0 +1,322 @@
+//! Regressions from a hostile review of the core (issues 9 and 10): each
+//! test reproduces a finding that once hung, panicked or lied, and now
+//! holds. Every wait is bounded; events are ordered by gates and signals.
+
+mod support;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::task::{Context, Wake, Waker};
+use std::time::Instant;
+
+use offloader::{Error, JobState, Offloader, Rejected};
+use support::{gate, occupy, quiet_deliberate_panics, recv, signal, within, within_blocking, HANG};
+
+/// A waker whose last reference, when dropped, calls `on_drop`.
+struct DropHook(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+impl Wake for DropHook {
+    fn wake(self: Arc<Self>) {}
+}
+
+impl Drop for DropHook {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.lock().unwrap().take() {
+            f();
+        }
+    }
+}
+
+/// Finding 1: a waker's clone and drop are foreign code and ran under the
+/// job's cell lock; a waker whose drop re-entered the pool on that job
+/// (`shutdown_now` publishing its outcome) deadlocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waker_dropped_while_re_registering_may_re_enter_the_pool() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let occupied = occupy(&pool, 1).await;
+    let mut queued = pool.offload(|_| 7).spawn().unwrap();
+    let p = pool.clone();
+    let reentered = Arc::new(AtomicBool::new(false));
+    let r = reentered.clone();
+    let first = Waker::from(Arc::new(DropHook(Mutex::new(Some(Box::new(move || {
+        let _ = p.shutdown_now();
+        r.store(true, Ordering::SeqCst);
+    }))))));
+    let second = Waker::from(Arc::new(DropHook(Mutex::new(None))));
+    let handle_out = within_blocking("two polls, the second drops the first waker", move || {
+        assert!(Pin::new(&mut queued)
+            .poll(&mut Context::from_waker(&first))
+            .is_pending());
+        // The handle's slot now holds the last reference to `first`.
+        drop(first);
+        let r = Pin::new(&mut queued).poll(&mut Context::from_waker(&second));
+        (queued, r.is_ready())
+    });
+    assert!(
+        reentered.load(Ordering::SeqCst),
+        "the drop re-entered the pool"
+    );
+    let (queued, _) = handle_out;
+    let e = within("the outcome", queued).await.unwrap_err();
+    assert!(matches!(e, Error::Unstarted { .. }), "{e:?}");
+    occupied.release().await;
+    within("terminated", pool.terminated()).await;
+}
+
+/// Finding 2: a termination waiter on a runtime that was already shut down
+/// had its joins refused by tokio, leaking them: the pool never terminated
+/// for anybody. The joins now happen wherever the refused task is dropped.
+#[test]
+fn a_termination_waiter_on_a_dead_runtime_does_not_strand_the_joins() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = rt.handle().clone();
+    drop(rt);
+    let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+    for _ in 0..4 {
+        pool.offload(|_| ()).spawn().unwrap().detach();
+    }
+    pool.shutdown();
+    let p = pool.clone();
+    // Whatever this returns on a dead runtime, it must not hang or leak.
+    let _ = std::thread::spawn(move || handle.block_on(p.terminated())).join();
+    let p = pool.clone();
+    assert!(
+        within_blocking("blocking termination", move || p
+            .blocking_await_termination(Some(HANG))),
+        "{:?}",
+        pool.metrics()
+    );
+    assert!(pool.is_terminated());
+}
+
+thread_local! {
+    static ASK_ON_EXIT: RefCell<Option<AskOnExit>> = const { RefCell::new(None) };
+}
+
+/// A thread-local whose destructor asks the pool whether it terminated,
+/// from the retiring worker itself.
+struct AskOnExit {
+    pool: Offloader,
+    asked: Arc<AtomicUsize>,
+}
+
+impl Drop for AskOnExit {
+    fn drop(&mut self) {
+        let _ = self.pool.is_terminated();
+        self.asked.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Finding 3: a retiring worker that asks for termination (from a
+/// thread-local destructor or a waker it wakes) took its own handle and
+/// tried to join itself: a panic that aborted the process from a
+/// destructor, or a leaked join that kept the pool from ever terminating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retiring_worker_asking_for_termination_does_not_join_itself() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let (p, a) = (pool.clone(), asked.clone());
+    within(
+        "a job",
+        pool.offload(move |_| {
+            ASK_ON_EXIT.with(|s| *s.borrow_mut() = Some(AskOnExit { pool: p, asked: a }))
+        }),
+    )
+    .await
+    .unwrap();
+    pool.shutdown();
+    within("terminated", pool.terminated()).await;
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "the destructor ran and returned"
+    );
+    assert!(pool.is_terminated());
+}
+
+/// A waker that panics when woken.
+struct Panics;
+
+impl Wake for Panics {
+    fn wake(self: Arc<Self>) {
+        panic!("a waker that panics on purpose");
+    }
+}
+
+/// A waker that records that it was woken.
+#[derive(Default)]
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Finding 4: with tokio's `notify_waiters`, one panicking waker among the
+/// `idle()` waiters kept the others from being woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_idle_waiter_does_not_silence_the_others() {
+    quiet_deliberate_panics();
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let occupied = occupy(&pool, 1).await;
+    // Both registered, the hostile one first, by polling them by hand.
+    let mut hostile = Box::pin(pool.idle());
+    let mut honest = Box::pin(pool.idle());
+    let panics = Waker::from(Arc::new(Panics));
+    let flag = Arc::new(Flag::default());
+    let flagged = Waker::from(flag.clone());
+    assert!(hostile
+        .as_mut()
+        .poll(&mut Context::from_waker(&panics))
+        .is_pending());
+    assert!(honest
+        .as_mut()
+        .poll(&mut Context::from_waker(&flagged))
+        .is_pending());
+    occupied.release().await;
+    let deadline = Instant::now() + HANG;
+    while !flag.0.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the honest idle() waiter was never woken"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(honest
+        .as_mut()
+        .poll(&mut Context::from_waker(&flagged))
+        .is_ready());
+}
+
+/// A detached job's result whose drop waits on a gate.
+struct SlowDrop(Mutex<Option<support::Hold>>);
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        if let Some(hold) = self.0.lock().unwrap().take() {
+            hold.wait();
+        }
+    }
+}
+
+/// Finding 5: the worker marked the next job `Running` (permit taken,
+/// uncancellable) before running the previous job's foreign code, here a
+/// detached result's slow drop. The next job now stays queued, and
+/// cancellable, until that code is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_stays_queued_while_the_previous_result_drops() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (drop_gate, drop_hold) = gate();
+    let (tx, mut dropping) = signal();
+    let (fn_gate, fn_hold) = gate();
+    pool.offload(move |_| {
+        fn_hold.wait();
+        tx.send(()).unwrap();
+        SlowDrop(Mutex::new(Some(drop_hold)))
+    })
+    .spawn()
+    .unwrap()
+    .detach();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let next = pool
+        .offload(move |_| r.store(true, Ordering::SeqCst))
+        .spawn()
+        .unwrap();
+    fn_gate.open();
+    recv("the first function returned", &mut dropping).await;
+    // Its result is being dropped now, held on `drop_gate`.
+    assert_eq!(next.state(), JobState::Queued);
+    assert!(next.cancel(), "its function has not started: cancel wins");
+    drop_gate.open();
+    within("idle", pool.idle()).await;
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "cancelled before start: never ran"
+    );
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.cancelled), (1, 1), "{m:?}");
+}
+
+thread_local! {
+    static SLOW_EXIT: RefCell<Option<SlowExit>> = const { RefCell::new(None) };
+}
+
+/// A thread-local whose destructor waits for the test.
+struct SlowExit(Option<mpsc::Receiver<()>>, Arc<AtomicBool>);
+
+impl Drop for SlowExit {
+    fn drop(&mut self) {
+        if let Some(rx) = self.0.take() {
+            let _ = rx.recv_timeout(HANG);
+        }
+        self.1.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Finding 6: `is_terminated()` joined the last threads inline, blocking for
+/// as long as their thread-local destructors ran. It never blocks now: it
+/// answers `false` while they run, and `true` once they were joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_terminated_never_blocks_on_exiting_threads() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (release, rx) = mpsc::channel::<()>();
+    let exited = Arc::new(AtomicBool::new(false));
+    let e = exited.clone();
+    let rx = Mutex::new(Some(rx));
+    within(
+        "a job",
+        pool.offload(move |_| {
+            let rx = rx.lock().unwrap().take();
+            SLOW_EXIT.with(|s| *s.borrow_mut() = Some(SlowExit(rx, e)))
+        }),
+    )
+    .await
+    .unwrap();
+    pool.shutdown();
+    // Wait until the worker retired (its destructor now blocks).
+    let deadline = Instant::now() + HANG;
+    while pool.metrics().workers != 0 {
+        assert!(Instant::now() < deadline, "the worker never retired");
+        tokio::task::yield_now().await;
+    }
+    let began = Instant::now();
+    assert!(!pool.is_terminated(), "a thread is still exiting");
+    assert!(began.elapsed() < HANG / 4, "is_terminated() blocked");
+    assert!(!exited.load(Ordering::SeqCst));
+    drop(release);
+    within("terminated", pool.terminated()).await;
+    assert!(exited.load(Ordering::SeqCst));
+    assert!(pool.is_terminated());
+}
+
+/// Finding 7: while the OS refuses new threads, queued jobs that no worker
+/// can start count against `queue_capacity`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_spawns_do_not_widen_the_queue() {
+    let pool = Offloader::builder()
+        .max_in_flight(8)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    let occupied = occupy(&pool, 1).await;
+    pool.__fail_next_thread_spawns(usize::MAX);
+    let waiting = pool.offload(|_| ()).spawn().expect("one may wait");
+    let err = pool
+        .offload(|_| ())
+        .spawn()
+        .expect_err("no worker can start it: the queue is full");
+    assert!(matches!(err.reason(), Rejected::Full { capacity: 1 }));
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued, m.workers), (1, 1, 1), "{m:?}");
+    pool.__fail_next_thread_spawns(0);
+    occupied.release().await;
+    within("the waiting job", waiting).await.unwrap();
+}

@@ -382,8 +382,9 @@ struct CloseModel {
     panicked: u64,
 }
 
-/// The contract, sequentially: a FIFO queue of at most `cap` jobs, at most
-/// `max` running, jobs finishing as soon as their function can return.
+/// The contract, sequentially: a FIFO queue in which at most `cap` jobs
+/// wait for a permit, at most `max` running, jobs finishing as soon as
+/// their function can return.
 #[derive(Debug, Clone)]
 struct Model {
     max: usize,
@@ -413,11 +414,21 @@ impl Model {
         }
     }
 
-    /// Why a new job would be refused right now, if it would.
+    /// Queued jobs waiting for a permit: those that a free permit starts at
+    /// once are not waiting (ARCHITECTURE inv. 8). After [`Model::advance`]
+    /// that is the whole queue, but the rule is the contract's.
+    fn waiting(&self) -> usize {
+        let free = self.max.saturating_sub(self.running.len());
+        self.queue.len().saturating_sub(free)
+    }
+
+    /// Why a new job would be refused right now, if it would. A producer
+    /// blocked on a full queue means the queue is full: it is served as
+    /// soon as there is room.
     fn refusal(&self) -> Option<Refusal> {
         if self.shutdown {
             Some(Refusal::ShuttingDown)
-        } else if self.queue.len() >= self.cap || self.blocked.is_some() {
+        } else if self.waiting() >= self.cap || self.blocked.is_some() {
             Some(Refusal::Full)
         } else {
             None
@@ -489,7 +500,7 @@ impl Model {
                 self.running.push(j);
                 changed = true;
             }
-            if !self.shutdown && self.queue.len() < self.cap {
+            if !self.shutdown && self.waiting() < self.cap {
                 if let Some((kind, name)) = self.blocked.take() {
                     self.accept(kind, name, false);
                     changed = true;
@@ -537,6 +548,10 @@ impl Model {
 
     /// An awaiting caller leaves an unfinished job.
     fn abandon(&mut self, j: usize, policy: AbandonPolicy, timed_out: bool) -> Fate {
+        if self.jobs[j].st.terminal() {
+            // Nothing to leave: nothing counted, no policy applied.
+            return Fate::AlreadyFinished;
+        }
         if timed_out {
             self.c.callers_timed_out += 1;
         } else {

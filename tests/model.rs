@@ -3,11 +3,16 @@
 //! proptest generates a pool configuration and a sequence of operations:
 //! offload with and without a timeout or a name (spawned for an owner
 //! handle, submitted with backpressure, or awaited directly by a caller who
-//! then times out or drops the future), cancel, stop, drop or detach a
-//! handle, await it / wait on it with a timeout / wait on it from a plain
-//! thread, functions that return, panic, wait on a gate (and wake on stop),
-//! or wait on a gate ignoring their stop token, release one gate or all,
-//! graceful shutdown, `shutdown_now`, a staged `close`, and `idle`.
+//! then times out or drops the future), batches of many jobs at once (owner
+//! handles, or callers who keep awaiting), cancel, stop, drop or detach a
+//! handle, cancel / stop / leave (time out or drop the awaiting caller)
+//! aimed at the front, the back or any position of the queue, await it /
+//! wait on it with a timeout / wait on it from a plain thread, functions
+//! that return, panic, wait on a gate (and wake on stop), wait on a gate
+//! ignoring their stop token, or meet at a barrier of `max_in_flight`,
+//! release one gate, a running job's gate or all, graceful shutdown,
+//! `shutdown_now`, a staged `close`, dropping the last `Offloader` clone,
+//! and `idle`.
 //!
 //! Each operation is applied to the real offloader and to [`Model`], a small
 //! sequential model of the contract. After every operation the real system
@@ -18,15 +23,23 @@
 //!
 //! - the ledger identity `accepted = queued + running + terminal`;
 //! - at most `max_in_flight` functions run (counted inside the functions,
-//!   and in the metrics);
+//!   and in the metrics), and at least as many ran at once as the model
+//!   says must have (`max_running`, and the functions started during a
+//!   shutdown's drain: the drain runs at the full width);
 //! - no job is both cancelled (or returned unstarted) and run: the set of
 //!   functions that ran equals the model's, and nothing ran twice;
+//! - jobs start in FIFO order: the order of the observer's `Started` events
+//!   (or, with one permit, of the functions' own start records) is the
+//!   model's, whatever was cancelled or abandoned where in the queue;
 //! - every handle's state, stop flag and outcome (value, panic message,
 //!   cancelled, unstarted, timed out with the job's state and fate, outcome
-//!   already taken) match the model, and the error texts say so;
+//!   already taken) match the model, and the error texts say so; so does
+//!   every awaiting caller's outcome;
 //! - `shutdown_now` returns exactly the queued jobs (ids and names), a
 //!   staged close reports what the model says it left behind;
-//! - the pool is terminated (or idle) exactly when the model says so.
+//! - the pool is terminated (or idle) exactly when the model says so; after
+//!   the last clone is dropped, its worker threads exit once the model's
+//!   drain is over.
 //!
 //! Determinism: functions are held on gates that only operations open, so
 //! which functions run is decided by the operations alone (FIFO queue,
@@ -35,13 +48,22 @@
 //! that must not fire are 10 s long. The one race the model can't rule out
 //! (a 1 ms time-out firing at the very first poll, before a worker picked the
 //! job up) is linearized: the model then takes the time-out at the instant
-//! of submission.
+//! of submission. A batch does not wait for the pool between its jobs: the
+//! real pool may lag behind the model, never run ahead of it, so admission
+//! stays exact (a job is refused `Full` when `queued - free permits >=
+//! queue_capacity`), and the batch waits only where the lag could turn an
+//! acceptance into a refusal. An awaiting caller is told its job finished
+//! by its waker, never by a guess.
 //!
-//! CI runs 256 cases (about 3 s in a debug build). A longer run is one
-//! command:
+//! Two property tests: `offloader_matches_the_model` (256 cases in CI,
+//! `max_in_flight` 1–3, queue 1–4, batches of up to 6) and
+//! `long_queues_match_the_model` (64 cases in CI, `max_in_flight` 1–4,
+//! queue 50–400, batches of up to 300, so queues of hundreds). A longer run
+//! is one command (the long-queue test runs a quarter as many cases, at
+//! least 64; `MODEL_LONG_CASES` overrides):
 //!
 //! ```text
-//! PROPTEST_CASES=5000 cargo test --release --test model
+//! PROPTEST_CASES=2000 cargo test --release --test model
 //! ```
 //!
 //! A failure prints the shrunk pool configuration and operations, and the
@@ -53,18 +75,20 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use offloader::{
-    AbandonPolicy, Error, Fate, JobHandle, JobId, JobState, Metrics, Offloader, Rejected,
-    StopToken, SubmitError,
+    AbandonPolicy, Error, EventKind, Fate, JobEvent, JobHandle, JobId, JobState, Metrics, Observer,
+    OffloadFuture, Offloader, Rejected, StopToken, SubmitError, WeakOffloader,
 };
 use proptest::prelude::*;
 // Not a glob: this file's SHORT (1 ms) is its own.
-use support::{builder, gate, poll_once, quiet_deliberate_panics, try_within, Gate, Hold, HANG};
+use support::{
+    builder, gate, poll_once, quiet_deliberate_panics, threads_named, try_within, Gate, Hold, HANG,
+};
 
 /// A caller time-out that fires while the job waits on a closed gate.
 const SHORT: Duration = Duration::from_millis(1);
@@ -75,6 +99,9 @@ const BUDGET_SHORT: Duration = Duration::from_millis(10);
 const LONG: Duration = Duration::from_secs(10);
 /// How long the real system may take to reach the model's state.
 const SETTLE: Duration = Duration::from_secs(10);
+/// The most a barrier function waits for its group: past every test-side
+/// bound, yet finite.
+const BARRIER_LIMIT: Duration = Duration::from_secs(60);
 /// Message of the deliberate panics; it says `support::ON_PURPOSE`, so the
 /// panic hook keeps them quiet.
 const PANIC_MARK: &str = "model panic on purpose";
@@ -93,11 +120,16 @@ enum Kind {
     Gated,
     /// Waits on its gate and ignores its stop token.
     IgnoresStop,
+    /// Waits at a barrier of `max_in_flight` until that many barrier
+    /// functions wait at once (then the group returns), or its gate opens,
+    /// or stop is requested. It returns on its own only if the pool runs
+    /// the queue at its full width.
+    Barrier,
 }
 
 impl Kind {
     fn gated(self) -> bool {
-        matches!(self, Kind::Gated | Kind::IgnoresStop)
+        matches!(self, Kind::Gated | Kind::IgnoresStop | Kind::Barrier)
     }
 }
 
@@ -108,6 +140,7 @@ impl fmt::Debug for Kind {
             Kind::Panics => "panics",
             Kind::Gated => "gated",
             Kind::IgnoresStop => "ignores-stop",
+            Kind::Barrier => "barrier",
         })
     }
 }
@@ -120,6 +153,86 @@ enum Leave {
     TimesOut,
     /// It drops the future (no timeout set).
     Drops,
+}
+
+/// Which job a positional operation aims at, among the jobs it can act on
+/// (with an owner handle, or with an awaiting caller): in the model's
+/// queue, front to back, or among the running jobs, in start order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pos {
+    Front,
+    Back,
+    /// `i % candidates`: anywhere, mostly in the middle of a long queue.
+    At(u16),
+    Running(u8),
+}
+
+impl fmt::Debug for Pos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Pos::Front => f.write_str("front"),
+            Pos::Back => f.write_str("back"),
+            Pos::At(i) => write!(f, "#{i}"),
+            Pos::Running(i) => write!(f, "running#{i}"),
+        }
+    }
+}
+
+/// The kinds of a batch's jobs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mix {
+    Gated,
+    Barrier,
+    /// Every kind, by a hash of the seed and the job's index.
+    Mixed(u32),
+}
+
+impl Mix {
+    fn kind(self, i: usize) -> Kind {
+        match self {
+            Mix::Gated => Kind::Gated,
+            Mix::Barrier => Kind::Barrier,
+            Mix::Mixed(seed) => {
+                let x = (u64::from(seed) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                    .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                const TABLE: [Kind; 10] = [
+                    Kind::Returns,
+                    Kind::Returns,
+                    Kind::Returns,
+                    Kind::Panics,
+                    Kind::Gated,
+                    Kind::Gated,
+                    Kind::Gated,
+                    Kind::IgnoresStop,
+                    Kind::Barrier,
+                    Kind::Barrier,
+                ];
+                TABLE[((x >> 32) % TABLE.len() as u64) as usize]
+            }
+        }
+    }
+}
+
+/// Who waits for a batch's jobs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Callers {
+    /// `spawn()`, keeping the owner handles (every third job named).
+    Handles,
+    /// Callers awaiting `offload(f)` directly, who keep waiting until an
+    /// operation makes them leave (or their job finishes). With `timeout`,
+    /// a 1 ms `with_timeout` on those whose job can't finish at once.
+    /// Their `on_abandon` cycles through none, `Keep`, `CancelIfQueued`,
+    /// `CancelAndStop`.
+    Awaiting { timeout: bool },
+}
+
+/// What follows a batch at once, before the pool is given time to settle.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Then {
+    Nothing,
+    Shutdown,
+    Close,
+    DropLast,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -154,11 +267,30 @@ enum Op {
     /// `blocking_wait` on a plain thread (or `blocking_wait_timeout`).
     BlockingWait(u8),
     /// Opens the gate of gated job `g % gated jobs`.
-    Release(u8),
+    Release(u16),
+    /// Opens the gate of running job `i % running jobs` (model order).
+    ReleaseRunning(u8),
     ReleaseAll,
+    /// `n` jobs offered one after the other, then `then`.
+    Batch {
+        n: u16,
+        mix: Mix,
+        callers: Callers,
+        then: Then,
+    },
+    /// `cancel()` on the owner handle of the job at `Pos`.
+    CancelAt(Pos),
+    /// `stop()` on the owner handle of the job at `Pos`.
+    StopAt(Pos),
+    /// The caller awaiting the job at `Pos` times out (if it has a time-out)
+    /// or drops its future.
+    LeaveAt(Pos, Leave),
     Shutdown,
     ShutdownNow,
     Close,
+    /// Drops the test's `Offloader`, after the callers and the blocked
+    /// producer that hold clones of it left: the last clone.
+    DropLast,
     Idle,
 }
 
@@ -207,10 +339,40 @@ impl fmt::Debug for Op {
             Op::WaitTimeout(h) => write!(f, "wait_timeout(h{h})"),
             Op::BlockingWait(h) => write!(f, "blocking_wait(h{h})"),
             Op::Release(g) => write!(f, "release(g{g})"),
+            Op::ReleaseRunning(i) => write!(f, "release(running#{i})"),
             Op::ReleaseAll => f.write_str("release_all"),
+            Op::Batch {
+                n,
+                mix,
+                callers,
+                then,
+            } => {
+                let callers = match callers {
+                    Callers::Handles => "spawned",
+                    Callers::Awaiting { timeout: true } => "awaited, 1 ms time-outs",
+                    Callers::Awaiting { timeout: false } => "awaited",
+                };
+                let then = match then {
+                    Then::Nothing => "",
+                    Then::Shutdown => ", then shutdown",
+                    Then::Close => ", then close",
+                    Then::DropLast => ", then drop the last clone",
+                };
+                write!(f, "batch({n} x {mix:?}, {callers}{then})")
+            }
+            Op::CancelAt(p) => write!(f, "cancel(at {p:?})"),
+            Op::StopAt(p) => write!(f, "stop(at {p:?})"),
+            Op::LeaveAt(p, leave) => {
+                let leave = match leave {
+                    Leave::TimesOut => "times out",
+                    Leave::Drops => "drops it",
+                };
+                write!(f, "caller leaves(at {p:?}, {leave})")
+            }
             Op::Shutdown => f.write_str("shutdown"),
             Op::ShutdownNow => f.write_str("shutdown_now"),
             Op::Close => f.write_str("close"),
+            Op::DropLast => f.write_str("drop_last_clone"),
             Op::Idle => f.write_str("idle"),
         }
     }
@@ -224,13 +386,15 @@ struct Cfg {
     /// 1 ms instead of the default: workers retire and respawn all the time.
     short_keep_alive: bool,
     policy: AbandonPolicy,
+    /// A lifecycle observer records the `Started` events (start order).
+    observer: bool,
 }
 
 impl fmt::Debug for Cfg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pool(max_in_flight {}, queue_capacity {}, keep_alive {}, abandon {:?})",
+            "pool(max_in_flight {}, queue_capacity {}, keep_alive {}, abandon {:?}{})",
             self.max_in_flight,
             self.queue_capacity,
             if self.short_keep_alive {
@@ -238,7 +402,8 @@ impl fmt::Debug for Cfg {
             } else {
                 "default"
             },
-            self.policy
+            self.policy,
+            if self.observer { ", observer" } else { "" }
         )
     }
 }
@@ -249,6 +414,7 @@ fn kind() -> impl Strategy<Value = Kind> {
         1 => Just(Kind::Panics),
         3 => Just(Kind::Gated),
         2 => Just(Kind::IgnoresStop),
+        1 => Just(Kind::Barrier),
     ]
 }
 
@@ -260,19 +426,51 @@ fn policy() -> impl Strategy<Value = AbandonPolicy> {
     ]
 }
 
+fn leave() -> impl Strategy<Value = Leave> {
+    prop_oneof![Just(Leave::TimesOut), Just(Leave::Drops)]
+}
+
+fn pos() -> impl Strategy<Value = Pos> {
+    prop_oneof![
+        2 => Just(Pos::Front),
+        2 => Just(Pos::Back),
+        4 => any::<u16>().prop_map(Pos::At),
+        1 => (0u8..4).prop_map(Pos::Running),
+    ]
+}
+
+fn batch(max_n: u16) -> impl Strategy<Value = Op> {
+    let mix = prop_oneof![
+        3 => Just(Mix::Gated),
+        2 => Just(Mix::Barrier),
+        3 => any::<u32>().prop_map(Mix::Mixed),
+    ];
+    let callers = prop_oneof![
+        3 => Just(Callers::Handles),
+        2 => Just(Callers::Awaiting { timeout: true }),
+        1 => Just(Callers::Awaiting { timeout: false }),
+    ];
+    let then = prop_oneof![
+        6 => Just(Then::Nothing),
+        1 => Just(Then::Shutdown),
+        1 => Just(Then::Close),
+        1 => Just(Then::DropLast),
+    ];
+    (1..=max_n, mix, callers, then).prop_map(|(n, mix, callers, then)| Op::Batch {
+        n,
+        mix,
+        callers,
+        then,
+    })
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let h = 0u8..8;
     prop_oneof![
         8 => (kind(), any::<bool>(), any::<bool>())
             .prop_map(|(kind, named, timeout)| Op::Spawn { kind, named, timeout }),
         2 => (kind(), any::<bool>()).prop_map(|(kind, named)| Op::Submit { kind, named }),
-        4 => (
-            kind(),
-            any::<bool>(),
-            prop_oneof![Just(Leave::TimesOut), Just(Leave::Drops)],
-            proptest::option::of(policy()),
-        )
-            .prop_map(|(kind, named, leave, policy)| Op::Direct { kind, named, leave, policy }),
+        4 => direct(),
         3 => h.clone().prop_map(Op::Cancel),
         2 => h.clone().prop_map(Op::Stop),
         1 => h.clone().prop_map(Op::DropHandle),
@@ -280,25 +478,149 @@ fn op() -> impl Strategy<Value = Op> {
         2 => h.clone().prop_map(Op::Await),
         1 => h.clone().prop_map(Op::WaitTimeout),
         1 => h.clone().prop_map(Op::BlockingWait),
-        4 => h.prop_map(Op::Release),
+        4 => (0u16..8).prop_map(Op::Release),
+        1 => h.prop_map(Op::ReleaseRunning),
         1 => Just(Op::ReleaseAll),
+        2 => batch(6),
+        1 => pos().prop_map(Op::CancelAt),
+        1 => pos().prop_map(Op::StopAt),
+        1 => (pos(), leave()).prop_map(|(p, l)| Op::LeaveAt(p, l)),
         1 => Just(Op::Shutdown),
         1 => Just(Op::ShutdownNow),
         1 => Just(Op::Close),
+        1 => Just(Op::DropLast),
         1 => Just(Op::Idle),
     ]
 }
 
+fn direct() -> impl Strategy<Value = Op> {
+    (
+        kind(),
+        any::<bool>(),
+        leave(),
+        proptest::option::of(policy()),
+    )
+        .prop_map(|(kind, named, leave, policy)| Op::Direct {
+            kind,
+            named,
+            leave,
+            policy,
+        })
+}
+
+/// Operations aimed at positions, and releases: what fills the middle of
+/// a long-queue case and follows its shutdown.
+fn aimed_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => pos().prop_map(Op::CancelAt),
+        2 => pos().prop_map(Op::StopAt),
+        5 => (pos(), leave()).prop_map(|(p, l)| Op::LeaveAt(p, l)),
+        3 => any::<u8>().prop_map(Op::ReleaseRunning),
+        2 => any::<u16>().prop_map(Op::Release),
+        1 => (0u8..8).prop_map(Op::Await),
+        1 => Just(Op::Idle),
+    ]
+}
+
+/// Operations for long queues before any shutdown: mostly batches and
+/// operations aimed at positions in the queue.
+fn long_op() -> impl Strategy<Value = Op> {
+    let only = |then: Then| {
+        move |op: Op| match op {
+            Op::Batch {
+                n, mix, callers, ..
+            } => Op::Batch {
+                n,
+                mix,
+                callers,
+                then,
+            },
+            op => op,
+        }
+    };
+    prop_oneof![
+        6 => batch(300).prop_map(only(Then::Nothing)),
+        2 => (kind(), any::<bool>(), any::<bool>())
+            .prop_map(|(kind, named, timeout)| Op::Spawn { kind, named, timeout }),
+        1 => (kind(), any::<bool>()).prop_map(|(kind, named)| Op::Submit { kind, named }),
+        2 => direct(),
+        14 => aimed_op(),
+        1 => Just(Op::ReleaseAll),
+    ]
+}
+
+/// How a long-queue case ends, if it does before the harness's own end:
+/// a shutdown of each kind, at once after a batch or not.
+fn ending() -> impl Strategy<Value = Vec<Op>> {
+    let then = prop_oneof![
+        Just(Then::Shutdown),
+        Just(Then::Close),
+        Just(Then::DropLast)
+    ];
+    prop_oneof![
+        1 => Just(vec![]),
+        1 => Just(vec![Op::Shutdown]),
+        1 => Just(vec![Op::ShutdownNow]),
+        1 => Just(vec![Op::Close]),
+        1 => Just(vec![Op::DropLast]),
+        3 => (batch(300), then).prop_map(|(op, then)| match op {
+            Op::Batch {
+                n, mix, callers, ..
+            } => vec![Op::Batch {
+                n,
+                mix,
+                callers,
+                then,
+            }],
+            op => vec![op],
+        }),
+    ]
+}
+
 fn scenario() -> impl Strategy<Value = (Cfg, Vec<Op>)> {
-    let cfg = (1usize..=3, 1usize..=4, any::<bool>(), policy()).prop_map(
+    let cfg = (
+        1usize..=3,
+        1usize..=4,
+        any::<bool>(),
+        policy(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(max_in_flight, queue_capacity, short_keep_alive, policy, observer)| Cfg {
+                max_in_flight,
+                queue_capacity,
+                short_keep_alive,
+                policy,
+                observer,
+            },
+        );
+    (cfg, proptest::collection::vec(op(), 1..40))
+}
+
+fn long_scenario() -> impl Strategy<Value = (Cfg, Vec<Op>)> {
+    let cfg = (1usize..=4, 50usize..=400, any::<bool>(), policy()).prop_map(
         |(max_in_flight, queue_capacity, short_keep_alive, policy)| Cfg {
             max_in_flight,
             queue_capacity,
             short_keep_alive,
             policy,
+            observer: true,
         },
     );
-    (cfg, proptest::collection::vec(op(), 1..40))
+    let ops = (
+        proptest::collection::vec(long_op(), 1..24),
+        ending(),
+        proptest::collection::vec(
+            prop_oneof![5 => aimed_op(), 1 => Just(Op::ReleaseAll)],
+            0..8,
+        ),
+    )
+        .prop_map(|(mut ops, end, after)| {
+            ops.extend(end);
+            ops.extend(after);
+            ops
+        });
+    (cfg, ops)
 }
 
 // ---------------------------------------------------------------------------
@@ -347,6 +669,10 @@ struct MJob {
     stop: bool,
     gate_open: bool,
     started: bool,
+    /// A barrier function whose group met: it returns.
+    passed: bool,
+    /// Started after a shutdown began (during the drain).
+    drain: bool,
 }
 
 /// The counters the model predicts; compared with [`Metrics`].
@@ -382,8 +708,9 @@ struct CloseModel {
     panicked: u64,
 }
 
-/// The contract, sequentially: a FIFO queue of at most `cap` jobs, at most
-/// `max` running, jobs finishing as soon as their function can return.
+/// The contract, sequentially: a FIFO queue in which at most `cap` jobs
+/// wait for a permit, at most `max` running, jobs finishing as soon as
+/// their function can return.
 #[derive(Debug, Clone)]
 struct Model {
     max: usize,
@@ -396,6 +723,15 @@ struct Model {
     /// A producer blocked in `submit().await` on a full queue.
     blocked: Option<(Kind, Option<String>)>,
     c: Counts,
+    /// Every start, in order: FIFO.
+    start_order: Vec<usize>,
+    /// The most functions that were running at once while none of them
+    /// could return: the pool must have run them at once too, so its
+    /// `max_running` is at least this.
+    max_running: usize,
+    /// The same, counting only functions started during a shutdown's
+    /// drain: a graceful shutdown drains at the full width.
+    drain_width: usize,
 }
 
 impl Model {
@@ -410,14 +746,37 @@ impl Model {
             running: Vec::new(),
             blocked: None,
             c: Counts::default(),
+            start_order: Vec::new(),
+            max_running: 0,
+            drain_width: 0,
         }
     }
 
-    /// Why a new job would be refused right now, if it would.
+    /// Queued jobs waiting for a permit: those that a free permit starts at
+    /// once are not waiting (ARCHITECTURE inv. 8). After [`Model::advance`]
+    /// that is the whole queue, but the rule is the contract's.
+    fn waiting(&self) -> usize {
+        let free = self.max.saturating_sub(self.running.len());
+        self.queue.len().saturating_sub(free)
+    }
+
+    /// Jobs queued or running.
+    fn unfinished(&self) -> usize {
+        self.queue.len() + self.running.len()
+    }
+
+    /// Jobs in a terminal state.
+    fn terminal(&self) -> u64 {
+        self.c.completed + self.c.panicked + self.c.cancelled + self.c.unstarted
+    }
+
+    /// Why a new job would be refused right now, if it would. A producer
+    /// blocked on a full queue means the queue is full: it is served as
+    /// soon as there is room.
     fn refusal(&self) -> Option<Refusal> {
         if self.shutdown {
             Some(Refusal::ShuttingDown)
-        } else if self.queue.len() >= self.cap || self.blocked.is_some() {
+        } else if self.waiting() >= self.cap || self.blocked.is_some() {
             Some(Refusal::Full)
         } else {
             None
@@ -435,6 +794,8 @@ impl Model {
             stop: false,
             gate_open: false,
             started: false,
+            passed: false,
+            drain: false,
         });
         self.queue.push_back(tag);
         self.c.accepted += 1;
@@ -450,6 +811,7 @@ impl Model {
             Kind::Returns | Kind::Panics => true,
             Kind::Gated => job.gate_open || job.stop,
             Kind::IgnoresStop => job.gate_open,
+            Kind::Barrier => job.gate_open || job.stop || job.passed,
         }
     }
 
@@ -486,10 +848,33 @@ impl Model {
                 };
                 self.jobs[j].st = St::Running;
                 self.jobs[j].started = true;
+                self.jobs[j].drain = self.shutdown;
+                self.start_order.push(j);
                 self.running.push(j);
                 changed = true;
             }
-            if !self.shutdown && self.queue.len() < self.cap {
+            // Functions that can't return now were all running at once.
+            let stuck: Vec<usize> = self
+                .running
+                .iter()
+                .copied()
+                .filter(|&j| !self.can_finish(j))
+                .collect();
+            self.max_running = self.max_running.max(stuck.len());
+            let drained = stuck.iter().filter(|&&j| self.jobs[j].drain).count();
+            self.drain_width = self.drain_width.max(drained);
+            // A barrier group meets when every permit is held by a barrier
+            // function waiting for it.
+            if !stuck.is_empty()
+                && stuck.len() == self.max
+                && stuck.iter().all(|&j| self.jobs[j].kind == Kind::Barrier)
+            {
+                for j in stuck {
+                    self.jobs[j].passed = true;
+                }
+                changed = true;
+            }
+            if !self.shutdown && self.waiting() < self.cap {
                 if let Some((kind, name)) = self.blocked.take() {
                     self.accept(kind, name, false);
                     changed = true;
@@ -537,6 +922,10 @@ impl Model {
 
     /// An awaiting caller leaves an unfinished job.
     fn abandon(&mut self, j: usize, policy: AbandonPolicy, timed_out: bool) -> Fate {
+        if self.jobs[j].st.terminal() {
+            // Nothing to leave: nothing counted, no policy applied.
+            return Fate::AlreadyFinished;
+        }
         if timed_out {
             self.c.callers_timed_out += 1;
         } else {
@@ -568,6 +957,7 @@ impl Model {
         self.advance();
     }
 
+    /// `shutdown()`, or the last `Offloader` clone dropped.
     fn shutdown(&mut self) {
         if self.shutdown {
             return;
@@ -641,7 +1031,7 @@ impl Model {
         );
         for (j, job) in self.jobs.iter().enumerate() {
             s.push_str(&format!(
-                "    job {j}: {:?}{} {:?}, stop {}, gate {}\n",
+                "    job {j}: {:?}{} {:?}, stop {}, gate {}{}\n",
                 job.kind,
                 job.name
                     .as_deref()
@@ -649,7 +1039,8 @@ impl Model {
                     .unwrap_or_default(),
                 job.st,
                 job.stop,
-                if job.gate_open { "open" } else { "closed" }
+                if job.gate_open { "open" } else { "closed" },
+                if job.passed { ", met its group" } else { "" }
             ));
         }
         s
@@ -663,19 +1054,29 @@ type Func = Box<dyn FnOnce(&StopToken) -> Val + Send>;
 type Submitting = Pin<Box<dyn Future<Output = Result<JobHandle<Val>, SubmitError<Func>>>>>;
 
 /// What the functions record: which ran (in order), how many run now, the
-/// most at once.
+/// most at once; and the same for those started during a shutdown's drain.
 #[derive(Default)]
 struct Probe {
     ran: Mutex<Vec<usize>>,
     now: AtomicUsize,
     max: AtomicUsize,
+    /// Set by the test just before it starts a shutdown (of any kind).
+    drain: AtomicBool,
+    drain_now: AtomicUsize,
+    drain_max: AtomicUsize,
 }
 
-struct Inside<'a>(&'a Probe);
+struct Inside<'a> {
+    probe: &'a Probe,
+    drain: bool,
+}
 
 impl Drop for Inside<'_> {
     fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::SeqCst);
+        self.probe.now.fetch_sub(1, Ordering::SeqCst);
+        if self.drain {
+            self.probe.drain_now.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -684,7 +1085,12 @@ impl Probe {
         lock(&self.ran).push(tag);
         let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.max.fetch_max(n, Ordering::SeqCst);
-        Inside(self)
+        let drain = self.drain.load(Ordering::SeqCst);
+        if drain {
+            let n = self.drain_now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.drain_max.fetch_max(n, Ordering::SeqCst);
+        }
+        Inside { probe: self, drain }
     }
 }
 
@@ -692,15 +1098,117 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn make_func(kind: Kind, tag: usize, probe: Arc<Probe>, hold: Option<Hold>) -> Func {
+/// The barrier [`Kind::Barrier`] functions meet at: `size` of them
+/// waiting at once pass together.
+struct Rendezvous {
+    size: usize,
+    /// Functions waiting now, and the number of groups that met.
+    state: Mutex<(usize, u64)>,
+    changed: Condvar,
+}
+
+impl Rendezvous {
+    fn new(size: usize) -> Arc<Rendezvous> {
+        Arc::new(Rendezvous {
+            size,
+            state: Mutex::new((0, 0)),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn notify(&self) {
+        // Taken so that the notification cannot fall between a waiter's
+        // check and its wait.
+        let _state = lock(&self.state);
+        self.changed.notify_all();
+    }
+
+    /// Waits for the group, the gate (`open`) or a stop request. A function
+    /// whose gate is open or whose stop was requested does not join.
+    fn meet(self: &Arc<Self>, open: &AtomicBool, stop: &StopToken) {
+        let me = self.clone();
+        let _wake = stop.on_stop(move || me.notify());
+        let deadline = Instant::now() + BARRIER_LIMIT;
+        let mut state = lock(&self.state);
+        if open.load(Ordering::SeqCst) || stop.is_stopped() {
+            return;
+        }
+        state.0 += 1;
+        if state.0 == self.size {
+            state.0 = 0;
+            state.1 += 1;
+            self.changed.notify_all();
+            return;
+        }
+        let group = state.1;
+        loop {
+            if state.1 != group {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if open.load(Ordering::SeqCst) || stop.is_stopped() || left.is_zero() {
+                state.0 -= 1;
+                return;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The test's end of a barrier function's gate; dropping it opens it.
+struct BarrierGate {
+    open: Arc<AtomicBool>,
+    at: Arc<Rendezvous>,
+}
+
+impl BarrierGate {
+    fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+        self.at.notify();
+    }
+}
+
+impl Drop for BarrierGate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// The test's end of a job's gate.
+enum JobGate {
+    Plain(Gate),
+    Barrier(BarrierGate),
+}
+
+impl JobGate {
+    fn open(&self) {
+        match self {
+            JobGate::Plain(g) => g.open(),
+            JobGate::Barrier(g) => g.open(),
+        }
+    }
+}
+
+/// The function's end of its gate.
+enum Held {
+    Plain(Hold),
+    Barrier(Arc<AtomicBool>, Arc<Rendezvous>),
+}
+
+fn make_func(kind: Kind, tag: usize, probe: Arc<Probe>, held: Option<Held>) -> Func {
     Box::new(move |stop: &StopToken| {
         let _inside = probe.enter(tag);
-        match (kind, hold) {
+        match (kind, held) {
             (Kind::Panics, _) => panic!("{PANIC_MARK} {tag}"),
-            (Kind::Gated, Some(h)) => {
+            (Kind::Gated, Some(Held::Plain(h))) => {
                 h.wait_or_stop(stop);
             }
-            (Kind::IgnoresStop, Some(h)) => h.wait(),
+            (Kind::IgnoresStop, Some(Held::Plain(h))) => h.wait(),
+            (Kind::Barrier, Some(Held::Barrier(open, at))) => at.meet(&open, stop),
             _ => {}
         }
         Val {
@@ -708,6 +1216,37 @@ fn make_func(kind: Kind, tag: usize, probe: Arc<Probe>, hold: Option<Hold>) -> F
             stopped: stop.is_stopped(),
         }
     })
+}
+
+/// Records the order of the `Started` events.
+#[derive(Default)]
+struct Starts(Mutex<Vec<JobId>>);
+
+impl Observer for Starts {
+    fn on_event(&self, event: &JobEvent) {
+        if event.kind == EventKind::Started {
+            lock(&self.0).push(event.id);
+        }
+    }
+}
+
+/// An awaiting caller's waker: counts its wake-ups. The job's outcome wakes
+/// it once; a caller's 1 ms timer once more.
+#[derive(Default)]
+struct Wakes(AtomicUsize);
+
+impl Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+type Awaiting = Pin<Box<OffloadFuture<Func, Val>>>;
+
+/// Polls an awaiting caller once with its own waker.
+fn poll_caller(fut: &mut Awaiting, wakes: &Arc<Wakes>) -> Poll<Result<Val, Error>> {
+    let waker = Waker::from(wakes.clone());
+    fut.as_mut().poll(&mut Context::from_waker(&waker))
 }
 
 // ---------------------------------------------------------------------------
@@ -726,20 +1265,59 @@ struct Slot {
 /// A producer waiting for room in `submit().await`.
 struct Blocked {
     tag: usize,
-    gate: Option<Gate>,
+    gate: Option<JobGate>,
     fut: Submitting,
+}
+
+/// A caller awaiting `offload(f)` directly, still waiting.
+struct Caller {
+    tag: usize,
+    fut: Awaiting,
+    /// It has a 1 ms time-out (else it can only leave by dropping).
+    timer: bool,
+    /// The abandon policy that applies when it leaves.
+    policy: AbandonPolicy,
+    wakes: Arc<Wakes>,
+}
+
+impl Caller {
+    /// Whether the job's outcome is published: only its wake-up says so
+    /// (the 1 ms timer wakes it once too).
+    fn woken_by_outcome(&self) -> bool {
+        let needed = 1 + usize::from(self.timer);
+        self.wakes.0.load(Ordering::SeqCst) >= needed
+    }
+}
+
+/// What the model said at the last settled step, to tell how far the real
+/// pool may lag behind it since.
+#[derive(Default)]
+struct Settled {
+    counts: Counts,
+    terminal: u64,
+    states: Vec<JobState>,
 }
 
 struct Harness {
     cfg: Cfg,
-    pool: Offloader,
+    /// `None` once the last clone was dropped.
+    pool: Option<Offloader>,
+    weak: WeakOffloader,
+    thread: String,
+    starts: Option<Arc<Starts>>,
+    rendezvous: Arc<Rendezvous>,
     model: Model,
     probe: Arc<Probe>,
     slots: Vec<Slot>,
-    gates: HashMap<usize, Gate>,
+    callers: Vec<Caller>,
+    gates: HashMap<usize, JobGate>,
     gated: Vec<usize>,
     ids: HashMap<usize, JobId>,
+    tags: HashMap<JobId, usize>,
     blocked: Option<Blocked>,
+    settled: Settled,
+    /// Inside a batch: no note per job.
+    batching: bool,
     log: Vec<String>,
     /// How long the real system may take to reach the model's state.
     settle_within: Duration,
@@ -756,22 +1334,39 @@ macro_rules! ensure {
 
 impl Harness {
     fn new(cfg: Cfg, model_cfg: Cfg) -> Harness {
+        // Its own thread name, to see its workers exit after the last
+        // clone is dropped (at most 15 bytes on Linux).
+        static POOLS: AtomicUsize = AtomicUsize::new(0);
+        let thread = format!("model{}", POOLS.fetch_add(1, Ordering::Relaxed) % 1_000_000);
         let mut b = builder(cfg.max_in_flight, cfg.queue_capacity)
             .abandon_policy(cfg.policy)
-            .thread_name("model");
+            .thread_name(thread.clone());
         if cfg.short_keep_alive {
             b = b.keep_alive(Duration::from_millis(1));
         }
+        let starts = cfg.observer.then(|| Arc::new(Starts::default()));
+        if let Some(s) = &starts {
+            b = b.observer(s.clone());
+        }
+        let pool = b.build().expect("valid configuration");
         Harness {
             cfg,
-            pool: b.build().expect("valid configuration"),
+            weak: pool.downgrade(),
+            pool: Some(pool),
+            thread,
+            starts,
+            rendezvous: Rendezvous::new(cfg.max_in_flight),
             model: Model::new(model_cfg),
             probe: Arc::default(),
             slots: Vec::new(),
+            callers: Vec::new(),
             gates: HashMap::new(),
             gated: Vec::new(),
             ids: HashMap::new(),
+            tags: HashMap::new(),
             blocked: None,
+            settled: Settled::default(),
+            batching: false,
             log: Vec::new(),
             settle_within: SETTLE,
         }
@@ -779,15 +1374,42 @@ impl Harness {
 
     #[track_caller]
     fn fail(&self, msg: String) -> ! {
+        let real = match &self.pool {
+            Some(p) => format!(
+                "{:?}, idle {}, terminated {}",
+                p.metrics(),
+                p.is_idle(),
+                p.is_terminated()
+            ),
+            None => format!(
+                "last clone dropped; functions inside now {}",
+                self.probe.now.load(Ordering::SeqCst)
+            ),
+        };
         panic!(
-            "{msg}\n  {:?}\n  steps:\n    {}\n  model: {}  real: {:?}, idle {}, terminated {}",
+            "{msg}\n  {:?}\n  steps:\n    {}\n  model: {}  real: {real}",
             self.cfg,
             self.log.join("\n    "),
             self.model.summary(),
-            self.pool.metrics(),
-            self.pool.is_idle(),
-            self.pool.is_terminated(),
         );
+    }
+
+    /// The pool; only called where the last clone has not been dropped.
+    #[track_caller]
+    fn pool(&self) -> &Offloader {
+        match &self.pool {
+            Some(p) => p,
+            None => self.fail("the last clone was dropped".to_owned()),
+        }
+    }
+
+    /// `true` (with a note) if the operation needs the pool and the last
+    /// clone is gone.
+    fn no_pool(&mut self) -> bool {
+        if self.pool.is_none() {
+            self.note(" -> skipped (the last clone was dropped)".to_owned());
+        }
+        self.pool.is_none()
     }
 
     fn note(&mut self, s: String) {
@@ -804,31 +1426,46 @@ impl Harness {
         }
     }
 
-    fn make(&self, kind: Kind, tag: usize) -> (Func, Option<Gate>) {
-        let (tx, hold) = if kind.gated() {
-            let (tx, hold) = gate();
-            (Some(tx), Some(hold))
-        } else {
-            (None, None)
+    fn make(&self, kind: Kind, tag: usize) -> (Func, Option<JobGate>) {
+        let (tx, held) = match kind {
+            Kind::Barrier => {
+                let open = Arc::new(AtomicBool::new(false));
+                let at = self.rendezvous.clone();
+                let g = BarrierGate {
+                    open: open.clone(),
+                    at: at.clone(),
+                };
+                (Some(JobGate::Barrier(g)), Some(Held::Barrier(open, at)))
+            }
+            k if k.gated() => {
+                let (tx, hold) = gate();
+                (Some(JobGate::Plain(tx)), Some(Held::Plain(hold)))
+            }
+            _ => (None, None),
         };
-        (make_func(kind, tag, self.probe.clone(), hold), tx)
+        (make_func(kind, tag, self.probe.clone(), held), tx)
     }
 
     fn name(named: bool, tag: usize) -> Option<String> {
         named.then(|| format!("n{tag}"))
     }
 
-    fn register(&mut self, tag: usize, id: Option<JobId>, gate: Option<Gate>) {
+    fn register(&mut self, tag: usize, id: Option<JobId>, gate: Option<JobGate>) {
         if let Some(id) = id {
             if let Some(old) = self.ids.insert(tag, id) {
                 ensure!(self, old == id, "job {tag} has two ids, {old} and {id}");
+            }
+            if let Some(old) = self.tags.insert(id, tag) {
+                ensure!(self, old == tag, "id {id} names jobs {old} and {tag}");
             }
         }
         if let Some(g) = gate {
             self.gates.insert(tag, g);
             self.gated.push(tag);
         }
-        self.note(format!(" -> job {tag}"));
+        if !self.batching {
+            self.note(format!(" -> job {tag}"));
+        }
     }
 
     fn pick(&self, h: u8) -> Option<usize> {
@@ -923,14 +1560,16 @@ impl Harness {
     }
 
     /// Every snapshot, at every instant: the ledger and the limit.
-    fn check_snapshot(&self, m: &Metrics) {
+    fn check_snapshot(&self, m: Option<&Metrics>) {
         let max = self.cfg.max_in_flight as u64;
-        ensure!(self, m.ledger_balances(), "ledger does not balance: {m:?}");
-        ensure!(
-            self,
-            m.running <= max && m.max_running <= max && m.workers <= max,
-            "more than max_in_flight {max} running or workers: {m:?}"
-        );
+        if let Some(m) = m {
+            ensure!(self, m.ledger_balances(), "ledger does not balance: {m:?}");
+            ensure!(
+                self,
+                m.running <= max && m.max_running <= max && m.workers <= max,
+                "more than max_in_flight {max} running or workers: {m:?}"
+            );
+        }
         let inside = self.probe.max.load(Ordering::SeqCst);
         ensure!(
             self,
@@ -939,44 +1578,104 @@ impl Harness {
         );
     }
 
+    /// The start order the real pool shows so far, as tags (`None`: a job
+    /// whose id the test never saw), if it can show it: the observer's
+    /// `Started` events; with one permit, the functions' own records too.
+    fn real_start_order(&self) -> Option<Vec<Option<usize>>> {
+        if let Some(starts) = &self.starts {
+            let ids = lock(&starts.0);
+            return Some(ids.iter().map(|id| self.tags.get(id).copied()).collect());
+        }
+        (self.cfg.max_in_flight == 1)
+            .then(|| lock(&self.probe.ran).iter().map(|&t| Some(t)).collect())
+    }
+
+    /// Fails at once if the real start order so far is not a prefix of the
+    /// model's (FIFO among the jobs left in the queue); returns whether it
+    /// is all of it.
+    fn check_start_order(&self) -> bool {
+        let Some(real) = self.real_start_order() else {
+            return true;
+        };
+        let want = &self.model.start_order;
+        let prefix = real.len() <= want.len()
+            && real.iter().zip(want).all(|(got, &w)| match got {
+                Some(t) => *t == w,
+                None => !self.ids.contains_key(&w),
+            });
+        ensure!(
+            self,
+            prefix,
+            "start order (FIFO): model {want:?}, real {real:?}"
+        );
+        real.len() == want.len()
+    }
+
     /// What still differs between the real system and the model, if
     /// anything (the real system may still be on its way).
-    fn mismatch(&self, m: &Metrics) -> Option<String> {
+    fn mismatch(&self, m: Option<&Metrics>) -> Option<String> {
         let c = &self.model.c;
-        let pairs = [
-            ("accepted", c.accepted, m.accepted),
-            ("queued", self.model.queue.len() as u64, m.queued),
-            ("running", self.model.running.len() as u64, m.running),
-            ("completed", c.completed, m.completed),
-            ("panicked", c.panicked, m.panicked),
-            ("cancelled", c.cancelled, m.cancelled),
-            ("unstarted", c.unstarted, m.unstarted),
-            ("rejected_full", c.rejected_full, m.rejected_full),
-            (
-                "rejected_shutdown",
-                c.rejected_shutdown,
-                m.rejected_shutdown,
-            ),
-            ("rejected_spawn", 0, m.rejected_spawn),
-            (
-                "callers_timed_out",
-                c.callers_timed_out,
-                m.callers_timed_out,
-            ),
-            ("callers_dropped", c.callers_dropped, m.callers_dropped),
-            (
-                "running_after_caller_left",
-                c.running_after_caller_left,
-                m.running_after_caller_left,
-            ),
-            ("stop_requests", c.stop_requests, m.stop_requests),
-        ];
-        for (what, want, got) in pairs {
-            if want != got {
-                return Some(format!("metrics.{what}: model {want}, real {got}"));
+        if let Some(m) = m {
+            let pairs = [
+                ("accepted", c.accepted, m.accepted),
+                ("queued", self.model.queue.len() as u64, m.queued),
+                ("running", self.model.running.len() as u64, m.running),
+                ("completed", c.completed, m.completed),
+                ("panicked", c.panicked, m.panicked),
+                ("cancelled", c.cancelled, m.cancelled),
+                ("unstarted", c.unstarted, m.unstarted),
+                ("rejected_full", c.rejected_full, m.rejected_full),
+                (
+                    "rejected_shutdown",
+                    c.rejected_shutdown,
+                    m.rejected_shutdown,
+                ),
+                ("rejected_spawn", 0, m.rejected_spawn),
+                (
+                    "callers_timed_out",
+                    c.callers_timed_out,
+                    m.callers_timed_out,
+                ),
+                ("callers_dropped", c.callers_dropped, m.callers_dropped),
+                (
+                    "running_after_caller_left",
+                    c.running_after_caller_left,
+                    m.running_after_caller_left,
+                ),
+                ("stop_requests", c.stop_requests, m.stop_requests),
+            ];
+            for (what, want, got) in pairs {
+                if want != got {
+                    return Some(format!("metrics.{what}: model {want}, real {got}"));
+                }
+            }
+            if m.max_running < self.model.max_running as u64 {
+                return Some(format!(
+                    "metrics.max_running: model at least {}, real {}",
+                    self.model.max_running, m.max_running
+                ));
+            }
+        } else {
+            // No metrics without a pool: what the functions record.
+            let inside = self.probe.now.load(Ordering::SeqCst);
+            if inside != self.model.running.len() {
+                return Some(format!(
+                    "functions inside now: model {}, real {inside}",
+                    self.model.running.len()
+                ));
             }
         }
-        let mut ran = lock(&self.probe.ran).clone();
+        // A start out of FIFO order fails at once, not as a lag.
+        let all_starts = self.check_start_order();
+        let ran = lock(&self.probe.ran).clone();
+        if ran.len() != self.model.start_order.len() {
+            return Some(format!(
+                "functions that ran: model {}, real {}",
+                self.model.start_order.len(),
+                ran.len()
+            ));
+        }
+        let mut ran = ran;
         ran.sort_unstable();
         if ran != self.model.started() {
             return Some(format!(
@@ -984,9 +1683,27 @@ impl Harness {
                 self.model.started()
             ));
         }
+        if !all_starts {
+            return Some("not every start event delivered yet".to_owned());
+        }
+        let drain = self.probe.drain_max.load(Ordering::SeqCst);
+        if drain < self.model.drain_width {
+            return Some(format!(
+                "functions started during the drain at once: model at least {}, real {drain}",
+                self.model.drain_width
+            ));
+        }
         for s in &self.slots {
             if self.model.jobs[s.tag].st.terminal() && !s.handle.is_finished() {
                 return Some(format!("handle of job {} has no outcome yet", s.tag));
+            }
+        }
+        for c in &self.callers {
+            if self.model.jobs[c.tag].st.terminal() && !c.woken_by_outcome() {
+                return Some(format!(
+                    "the caller awaiting job {} was not woken by its outcome yet",
+                    c.tag
+                ));
             }
         }
         if self.blocked.is_some() && self.model.blocked.is_none() {
@@ -994,10 +1711,32 @@ impl Harness {
         }
         // Idle includes every outcome published (pool.rs inv. 6), which
         // may lag the counters by a moment.
-        if self.model.idle() && !self.pool.is_idle() {
-            return Some("not idle yet".to_owned());
+        if let Some(pool) = &self.pool {
+            if self.model.idle() && !pool.is_idle() {
+                return Some("not idle yet".to_owned());
+            }
         }
         None
+    }
+
+    /// Callers awaiting a job the model finished were woken by its outcome
+    /// (`mismatch` waited for that): each polls it, as a real caller would.
+    fn resolve_callers(&mut self) {
+        let mut i = 0;
+        while i < self.callers.len() {
+            let tag = self.callers[i].tag;
+            if !self.model.jobs[tag].st.terminal() {
+                i += 1;
+                continue;
+            }
+            let mut c = self.callers.remove(i);
+            match poll_caller(&mut c.fut, &c.wakes) {
+                Poll::Ready(got) => self.check_outcome("an awaiting caller", tag, false, &got),
+                Poll::Pending => self.fail(format!(
+                    "the caller awaiting job {tag} was woken, yet has no outcome"
+                )),
+            }
+        }
     }
 
     /// Polls the producer blocked in `submit().await`, if any, and checks
@@ -1056,9 +1795,9 @@ impl Harness {
         let mut round = 0u32;
         loop {
             self.poll_blocked().await;
-            let m = self.pool.metrics();
-            self.check_snapshot(&m);
-            let Some(diff) = self.mismatch(&m) else {
+            let m = self.pool.as_ref().map(Offloader::metrics);
+            self.check_snapshot(m.as_ref());
+            let Some(diff) = self.mismatch(m.as_ref()) else {
                 break;
             };
             if Instant::now() > deadline {
@@ -1076,27 +1815,53 @@ impl Harness {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
-        if self.model.terminated() {
-            self.within("termination the model predicts", self.pool.terminated())
-                .await;
-        } else {
-            ensure!(
-                self,
-                !self.pool.is_terminated(),
-                "terminated, but the model says it is not"
-            );
+        self.resolve_callers();
+        match self.pool.clone() {
+            Some(pool) => {
+                if self.model.terminated() {
+                    self.within("termination the model predicts", pool.terminated())
+                        .await;
+                } else {
+                    ensure!(
+                        self,
+                        !pool.is_terminated(),
+                        "terminated, but the model says it is not"
+                    );
+                }
+                ensure!(
+                    self,
+                    pool.is_shutdown() == self.model.shutdown,
+                    "is_shutdown() is {}",
+                    pool.is_shutdown()
+                );
+                ensure!(
+                    self,
+                    self.model.idle() || !pool.is_idle(),
+                    "idle, but the model has jobs queued or running"
+                );
+                self.check_running_jobs(&pool);
+            }
+            None => {
+                ensure!(
+                    self,
+                    self.weak.upgrade().is_none(),
+                    "the pool is open again after its last clone was dropped"
+                );
+                if self.model.terminated() {
+                    // The drop-started shutdown ends: every worker exits.
+                    let deadline = Instant::now() + HANG;
+                    while threads_named(&self.thread) > 0 {
+                        ensure!(
+                            self,
+                            Instant::now() < deadline,
+                            "worker threads {} still alive {HANG:?} after the drain the model predicts",
+                            self.thread
+                        );
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
         }
-        ensure!(
-            self,
-            self.pool.is_shutdown() == self.model.shutdown,
-            "is_shutdown() is {}",
-            self.pool.is_shutdown()
-        );
-        ensure!(
-            self,
-            self.model.idle() || !self.pool.is_idle(),
-            "idle, but the model has jobs queued or running"
-        );
         for s in &self.slots {
             let job = &self.model.jobs[s.tag];
             ensure!(
@@ -1123,8 +1888,24 @@ impl Harness {
                 s.handle.name()
             );
         }
-        let mut running: Vec<(JobId, bool)> = self
-            .pool
+        let ran = lock(&self.probe.ran).clone();
+        let mut dedup = ran.clone();
+        dedup.sort_unstable();
+        dedup.dedup();
+        ensure!(
+            self,
+            dedup.len() == ran.len(),
+            "a function ran twice: {ran:?}"
+        );
+        self.settled = Settled {
+            counts: self.model.c.clone(),
+            terminal: self.model.terminal(),
+            states: self.model.jobs.iter().map(|j| j.st.job_state()).collect(),
+        };
+    }
+
+    fn check_running_jobs(&self, pool: &Offloader) {
+        let mut running: Vec<(JobId, bool)> = pool
             .running_jobs()
             .iter()
             .map(|r| (r.id, r.stop_requested))
@@ -1144,19 +1925,42 @@ impl Harness {
                 "running_jobs() lists {running:?}, the model {want:?}"
             );
         }
-        let ran = lock(&self.probe.ran).clone();
-        let mut dedup = ran.clone();
-        dedup.sort_unstable();
-        dedup.dedup();
-        ensure!(
-            self,
-            dedup.len() == ran.len(),
-            "a function ran twice: {ran:?}"
-        );
+    }
+
+    /// Whether the real pool's state of job `tag` may differ from the
+    /// model's because the model moved it since the last settled step (the
+    /// real pool may lag behind the model, never run ahead of it).
+    fn moved_since_settled(&self, tag: usize) -> bool {
+        self.settled.states.get(tag).copied() != Some(self.model.jobs[tag].st.job_state())
+    }
+
+    /// Whether the real pool, lagging behind the model by the jobs the
+    /// model finished since the last settled step, could refuse a job
+    /// `Full` that the model accepts. Its unfinished jobs are at most the
+    /// model's plus that lag.
+    fn lag_could_refuse(&self) -> bool {
+        let lag = (self.model.terminal() - self.settled.terminal) as usize;
+        (self.model.unfinished() + lag).saturating_sub(self.model.max) >= self.model.cap
     }
 
     async fn step(&mut self, n: usize, op: Op) {
         self.log.push(format!("{n}: {op:?}"));
+        let needs_pool = matches!(
+            op,
+            Op::Spawn { .. }
+                | Op::Submit { .. }
+                | Op::Direct { .. }
+                | Op::Batch { .. }
+                | Op::Shutdown
+                | Op::ShutdownNow
+                | Op::Close
+                | Op::DropLast
+                | Op::Idle
+        );
+        if needs_pool && self.no_pool() {
+            self.settle().await;
+            return;
+        }
         match op {
             Op::Spawn {
                 kind,
@@ -1170,6 +1974,56 @@ impl Harness {
                 leave,
                 policy,
             } => self.direct(kind, named, leave, policy).await,
+            Op::Batch {
+                n,
+                mix,
+                callers,
+                then,
+            } => self.batch(n, mix, callers, then).await,
+            Op::CancelAt(pos) => {
+                if let Some(tag) = self.target(pos, |h, t| h.slot_of(t).is_some()) {
+                    let i = self.slot_of(tag).expect("a slot");
+                    let got = self.slots[i].handle.cancel();
+                    let want = self.model.cancel(tag);
+                    self.note(format!(": {got}"));
+                    ensure!(
+                        self,
+                        got == want,
+                        "cancel() on job {tag} returned {got}, model {want}"
+                    );
+                }
+            }
+            Op::StopAt(pos) => {
+                if let Some(tag) = self.target(pos, |h, t| h.slot_of(t).is_some()) {
+                    let i = self.slot_of(tag).expect("a slot");
+                    let got = self.slots[i].handle.stop();
+                    let want = self.model.stop(tag);
+                    self.note(format!(": {got}"));
+                    ensure!(
+                        self,
+                        got == want,
+                        "stop() on job {tag} returned {got}, model {want}"
+                    );
+                }
+            }
+            Op::LeaveAt(pos, leave) => {
+                if let Some(tag) = self.target(pos, |h, t| h.caller_of(t).is_some()) {
+                    let i = self.caller_of(tag).expect("a caller");
+                    let c = self.callers.remove(i);
+                    self.leave(c, leave).await;
+                }
+            }
+            Op::ReleaseRunning(i) => {
+                if !self.model.running.is_empty() {
+                    let tag = self.model.running[i as usize % self.model.running.len()];
+                    self.note(format!(" -> job {tag}"));
+                    if let Some(gate) = self.gates.get(&tag) {
+                        gate.open();
+                    }
+                    self.model.release(tag);
+                }
+            }
+            Op::DropLast => self.drop_last().await,
             Op::Cancel(h) => {
                 if let Some(i) = self.pick(h) {
                     let tag = self.slots[i].tag;
@@ -1229,29 +2083,22 @@ impl Harness {
                 if !self.gated.is_empty() {
                     let tag = self.gated[g as usize % self.gated.len()];
                     self.note(format!(" -> job {tag}"));
-                    if let Some(gate) = self.gates.get_mut(&tag) {
+                    if let Some(gate) = self.gates.get(&tag) {
                         gate.open();
                     }
                     self.model.release(tag);
                 }
             }
             Op::ReleaseAll => {
-                for gate in self.gates.values_mut() {
+                for gate in self.gates.values() {
                     gate.open();
                 }
                 self.model.release_all();
             }
-            Op::Shutdown => {
-                self.pool.shutdown();
-                self.model.shutdown();
-                ensure!(
-                    self,
-                    self.pool.is_shutdown(),
-                    "not shut down after shutdown()"
-                );
-            }
+            Op::Shutdown => self.shutdown(),
             Op::ShutdownNow => {
-                let got = self.pool.shutdown_now();
+                self.probe.drain.store(true, Ordering::SeqCst);
+                let got = self.pool().shutdown_now();
                 let want = self.model.shutdown_now();
                 self.note(format!(" -> unstarted jobs {want:?}"));
                 let got: Vec<(JobId, Option<String>)> = got
@@ -1270,11 +2117,11 @@ impl Harness {
             }
             Op::Close => self.close().await,
             Op::Idle => {
+                let pool = self.pool().clone();
                 if self.model.idle() {
-                    self.within("idle() on an idle pool", self.pool.idle())
-                        .await;
+                    self.within("idle() on an idle pool", pool.idle()).await;
                 } else {
-                    let mut idle = Box::pin(self.pool.idle());
+                    let mut idle = Box::pin(pool.idle());
                     let ready = poll_once(idle.as_mut()).await.is_ready();
                     ensure!(
                         self,
@@ -1287,11 +2134,268 @@ impl Harness {
         self.settle().await;
     }
 
+    fn shutdown(&mut self) {
+        self.probe.drain.store(true, Ordering::SeqCst);
+        self.pool().shutdown();
+        self.model.shutdown();
+        ensure!(
+            self,
+            self.pool().is_shutdown(),
+            "not shut down after shutdown()"
+        );
+    }
+
+    fn slot_of(&self, tag: usize) -> Option<usize> {
+        self.slots.iter().position(|s| s.tag == tag)
+    }
+
+    fn caller_of(&self, tag: usize) -> Option<usize> {
+        self.callers.iter().position(|c| c.tag == tag)
+    }
+
+    /// The job `pos` aims at among those `eligible` (noted with its place).
+    fn target(&mut self, pos: Pos, eligible: impl Fn(&Self, usize) -> bool) -> Option<usize> {
+        let (line, what): (Vec<usize>, &str) = match pos {
+            Pos::Running(_) => (self.model.running.clone(), "running"),
+            _ => (self.model.queue.iter().copied().collect(), "queued"),
+        };
+        let candidates: Vec<usize> = line
+            .iter()
+            .copied()
+            .filter(|&t| eligible(self, t))
+            .collect();
+        if candidates.is_empty() {
+            self.note(format!(" -> no {what} job to aim at"));
+            return None;
+        }
+        let k = match pos {
+            Pos::Front => 0,
+            Pos::Back => candidates.len() - 1,
+            Pos::At(i) => i as usize % candidates.len(),
+            Pos::Running(i) => i as usize % candidates.len(),
+        };
+        let tag = candidates[k];
+        let place = line.iter().position(|&t| t == tag).expect("in line");
+        self.note(format!(
+            " -> job {tag}, {what} {} of {}",
+            place + 1,
+            line.len()
+        ));
+        Some(tag)
+    }
+
+    /// An awaiting caller leaves its unfinished job: its 1 ms time-out
+    /// passes (if it has one and `leave` says so), or it drops the future.
+    async fn leave(&mut self, c: Caller, leave: Leave) -> Fate {
+        let tag = c.tag;
+        let st = self.model.jobs[tag].st.clone();
+        // Settled: the real job is where the model has it.
+        ensure!(
+            self,
+            !st.terminal() && !self.moved_since_settled(tag),
+            "a caller leaves job {tag}, which the model has {st:?} since the last settled step"
+        );
+        if leave == Leave::TimesOut && c.timer {
+            let got = self.within("the caller's 1 ms time-out", c.fut).await;
+            let fate = self.model.abandon(tag, c.policy, true);
+            if !self.batching {
+                self.note(format!(", times out: {fate:?}"));
+            }
+            self.check_timed_out("awaited in a batch", tag, st.job_state(), fate, &got);
+            fate
+        } else {
+            drop(c.fut);
+            let fate = self.model.abandon(tag, c.policy, false);
+            if !self.batching {
+                self.note(format!(", drops it: {fate:?}"));
+            }
+            fate
+        }
+    }
+
+    /// [`Harness::leave`] without a note.
+    async fn leave_quietly(&mut self, c: Caller, leave: Leave) -> Fate {
+        self.batching = true;
+        let fate = self.leave(c, leave).await;
+        self.batching = false;
+        fate
+    }
+
+    /// `n` jobs, offered one after the other without waiting for the pool
+    /// (but where its lag could refuse one the model accepts), then `then`.
+    async fn batch(&mut self, n: u16, mix: Mix, callers: Callers, then: Then) {
+        let first = self.model.jobs.len();
+        let (full, shut) = (self.model.c.rejected_full, self.model.c.rejected_shutdown);
+        let mut waits = 0;
+        self.batching = true;
+        for i in 0..usize::from(n) {
+            let kind = mix.kind(i);
+            if self.model.refusal().is_none() && self.lag_could_refuse() {
+                waits += 1;
+                self.settle().await;
+            }
+            match callers {
+                Callers::Handles => self.spawn(kind, i % 3 == 0, false),
+                Callers::Awaiting { timeout } => {
+                    const POLICIES: [Option<AbandonPolicy>; 4] = [
+                        None,
+                        Some(AbandonPolicy::Keep),
+                        Some(AbandonPolicy::CancelIfQueued),
+                        Some(AbandonPolicy::CancelAndStop),
+                    ];
+                    if !self.await_kept(kind, timeout, POLICIES[i % 4]).await {
+                        break;
+                    }
+                }
+            }
+        }
+        self.batching = false;
+        let last = self.model.jobs.len();
+        self.note(format!(
+            " -> jobs {first}..{last}, refused full {} shutting down {}, waited for the pool {waits} times",
+            self.model.c.rejected_full - full,
+            self.model.c.rejected_shutdown - shut
+        ));
+        match then {
+            Then::Nothing => {}
+            Then::Shutdown => self.shutdown(),
+            Then::Close => {
+                let mut sim = self.model.clone();
+                if sim.close().escalated {
+                    // The immediate stage hands back what is queued then:
+                    // the real pool must have started what the model did.
+                    self.settle().await;
+                }
+                self.close().await;
+            }
+            Then::DropLast => self.drop_last().await,
+        }
+    }
+
+    /// Offers a job to a caller who awaits it and keeps waiting; `false` if
+    /// the model refuses it (the caller would wait for room, or get the
+    /// shutdown error: left to the single operations).
+    async fn await_kept(
+        &mut self,
+        kind: Kind,
+        timeout: bool,
+        policy: Option<AbandonPolicy>,
+    ) -> bool {
+        if self.model.refusal().is_some() {
+            return false;
+        }
+        let tag = self.model.jobs.len();
+        // A 1 ms time-out only on a job that can't finish at once: every
+        // permit is held by a function that can't return, so it queues.
+        let timer = timeout && self.model.running.len() >= self.model.max;
+        let (func, gate) = self.make(kind, tag);
+        let mut o = self.pool().offload(func);
+        if let Some(p) = policy {
+            o = o.on_abandon(p);
+        }
+        if timer {
+            o = o.with_timeout(SHORT);
+        }
+        let effective = policy.unwrap_or(self.model.policy);
+        let mut fut: Awaiting = Box::pin(o.into_future());
+        let wakes = Arc::new(Wakes::default());
+        match poll_caller(&mut fut, &wakes) {
+            Poll::Pending => {
+                let id = fut.job_id();
+                ensure!(self, id.is_some(), "an accepted offload has no job id");
+                self.model.accept(kind, None, true);
+                self.register(tag, id, gate);
+                self.callers.push(Caller {
+                    tag,
+                    fut,
+                    timer,
+                    policy: effective,
+                    wakes,
+                });
+            }
+            Poll::Ready(Err(Error::TimedOut {
+                state, fate, id, ..
+            })) if timer => {
+                // The 1 ms time-out ran out at the very first poll: the
+                // caller left at the instant of submission (the job queued).
+                self.model.accept(kind, None, false);
+                self.register(tag, Some(id), gate);
+                let want_fate = self.model.abandon(tag, effective, true);
+                self.model.advance();
+                self.log.push(format!(
+                    "   (job {tag}: timed out at the first poll, {fate:?})"
+                ));
+                ensure!(
+                    self,
+                    state == JobState::Queued && fate == want_fate,
+                    "job {tag} timed out at the first poll {state:?} with fate {fate:?}, model Queued and {want_fate:?}"
+                );
+            }
+            Poll::Ready(got) => {
+                // Finished before the first poll returned: only a job the
+                // model finishes at once.
+                let id = got.as_ref().err().and_then(Error::job_id);
+                self.model.accept(kind, None, true);
+                self.register(tag, id, gate);
+                self.check_outcome("an awaiting caller at its first poll", tag, false, &got);
+            }
+        }
+        true
+    }
+
+    /// Drops the last `Offloader` clone: first the blocked producer and the
+    /// awaiting callers, which hold clones, give up; then the test's own.
+    async fn drop_last(&mut self) {
+        if self
+            .callers
+            .iter()
+            .any(|c| self.model.jobs[c.tag].st.terminal())
+        {
+            // They take their outcome first: only their wake-up says it is
+            // there.
+            self.settle().await;
+        }
+        if self.blocked.take().is_some() {
+            self.model.blocked = None;
+            self.note(" -> the blocked producer gives up".to_owned());
+        }
+        let mut fates: Vec<Fate> = Vec::new();
+        while let Some(c) = self.callers.pop() {
+            if self.moved_since_settled(c.tag) {
+                // The real job may not be where the model put it yet (or
+                // finished, and the caller takes its outcome): settle
+                // first, with the caller back in line.
+                self.callers.push(c);
+                self.settle().await;
+                continue;
+            }
+            fates.push(self.leave_quietly(c, Leave::Drops).await);
+        }
+        if !fates.is_empty() {
+            let count = |f: Fate| fates.iter().filter(|&&g| g == f).count();
+            self.note(format!(
+                " -> {} awaiting callers dropped: {} kept, {} cancelled, {} stopped",
+                fates.len(),
+                count(Fate::KeptRunning),
+                count(Fate::CancelledBeforeStart),
+                count(Fate::StopRequested)
+            ));
+        }
+        self.probe.drain.store(true, Ordering::SeqCst);
+        self.pool = None;
+        ensure!(
+            self,
+            self.weak.upgrade().is_none(),
+            "the pool stays open after the test dropped its last clone"
+        );
+        self.model.shutdown();
+    }
+
     fn spawn(&mut self, kind: Kind, named: bool, timeout: bool) {
         let tag = self.model.jobs.len();
         let name = Self::name(named, tag);
         let (func, gate) = self.make(kind, tag);
-        let mut o = self.pool.offload(func);
+        let mut o = self.pool().offload(func);
         if let Some(n) = &name {
             o = o.name(n.clone());
         }
@@ -1344,7 +2448,9 @@ impl Harness {
                     Refusal::Full => self.model.c.rejected_full += 1,
                     Refusal::ShuttingDown => self.model.c.rejected_shutdown += 1,
                 }
-                self.note(format!(" -> refused ({refusal:?})"));
+                if !self.batching {
+                    self.note(format!(" -> refused ({refusal:?})"));
+                }
                 // The function comes back unrun.
                 if let Err(e) = got {
                     drop(e.into_inner());
@@ -1357,7 +2463,7 @@ impl Harness {
         let tag = self.model.jobs.len();
         let name = Self::name(named, tag);
         let (func, gate) = self.make(kind, tag);
-        let mut o = self.pool.offload(func);
+        let mut o = self.pool().offload(func);
         if let Some(n) = &name {
             o = o.name(n.clone());
         }
@@ -1426,7 +2532,7 @@ impl Harness {
             Leave::Drops => None,
         };
         let (func, gate) = self.make(kind, tag);
-        let mut o = self.pool.offload(func);
+        let mut o = self.pool().offload(func);
         if let Some(n) = &name {
             o = o.name(n.clone());
         }
@@ -1620,9 +2726,14 @@ impl Harness {
         // Budgets that run out only when the model says they must.
         let graceful = if want.escalated { BUDGET_SHORT } else { LONG };
         let after_stop = if want.terminated { LONG } else { BUDGET_SHORT };
-        let report = self
-            .within("close", self.pool.close(graceful, after_stop))
-            .await;
+        // Right after a batch, functions the model finished may finish in
+        // the real pool during the close: its report counts them too.
+        let lag_completed = self.model.c.completed - self.settled.counts.completed;
+        let lag_panicked = self.model.c.panicked - self.settled.counts.panicked;
+        self.probe.drain.store(true, Ordering::SeqCst);
+        let pool = self.pool().clone();
+        let report = self.within("close", pool.close(graceful, after_stop)).await;
+        drop(pool);
         let want = self.model.close();
         self.note(format!(" -> {want:?}"));
         let unstarted: Vec<JobId> = report.unstarted.iter().map(|u| u.id).collect();
@@ -1632,8 +2743,8 @@ impl Harness {
             report.escalated == want.escalated
                 && report.terminated == want.terminated
                 && unstarted == want_unstarted
-                && report.panicked == want.panicked,
-            "close report {report:?}, model {want:?}"
+                && (want.panicked..=want.panicked + lag_panicked).contains(&report.panicked),
+            "close report {report:?}, model {want:?} (+{lag_panicked} panicked before)"
         );
         let text = report.to_string();
         ensure!(
@@ -1648,8 +2759,10 @@ impl Harness {
         if want.terminated {
             ensure!(
                 self,
-                report.still_running.is_empty() && report.completed == want.completed,
-                "close report {report:?}, model {want:?}"
+                report.still_running.is_empty()
+                    && (want.completed..=want.completed + lag_completed)
+                        .contains(&report.completed),
+                "close report {report:?}, model {want:?} (+{lag_completed} completed before)"
             );
         } else {
             // Functions that ignore their stop token are still running, and
@@ -1662,7 +2775,9 @@ impl Harness {
                 .iter()
                 .enumerate()
                 .filter(|(j, job)| {
-                    job.kind == Kind::Gated && job.started && self.ids.contains_key(j)
+                    matches!(job.kind, Kind::Gated | Kind::Barrier)
+                        && job.started
+                        && self.ids.contains_key(j)
                 })
                 .map(|(j, _)| self.ids[&j])
                 .collect();
@@ -1685,8 +2800,8 @@ impl Harness {
             }
             ensure!(
                 self,
-                report.completed <= want.completed,
-                "close report {report:?}, model {want:?}"
+                report.completed <= want.completed + lag_completed,
+                "close report {report:?}, model {want:?} (+{lag_completed} completed before)"
             );
         }
     }
@@ -1696,7 +2811,7 @@ impl Harness {
     async fn finish(&mut self) {
         self.log.push("end: release every gate".to_owned());
         for _ in 0..3 {
-            for gate in self.gates.values_mut() {
+            for gate in self.gates.values() {
                 gate.open();
             }
             self.model.release_all();
@@ -1717,15 +2832,34 @@ impl Harness {
             self.check_outcome("final await", tag, taken, &got);
             self.slots[i].taken = true;
         }
-        self.within("idle() at the end", self.pool.idle()).await;
-        self.log.push("end: shutdown, termination".to_owned());
-        self.pool.shutdown();
-        self.model.shutdown();
-        self.settle().await;
-        let m = self.pool.metrics();
         ensure!(
             self,
-            self.pool.is_terminated()
+            self.callers.is_empty(),
+            "{} awaiting callers left after every job finished",
+            self.callers.len()
+        );
+        let Some(pool) = self.pool.clone() else {
+            // The last clone was dropped: the drain ends, the workers exit.
+            self.log.push("end: drained, workers exit".to_owned());
+            self.settle().await;
+            let c = &self.model.c;
+            ensure!(
+                self,
+                lock(&self.probe.ran).len() == (c.completed + c.panicked) as usize,
+                "{} functions ran, the model completed or panicked {}",
+                lock(&self.probe.ran).len(),
+                c.completed + c.panicked
+            );
+            return;
+        };
+        self.within("idle() at the end", pool.idle()).await;
+        self.log.push("end: shutdown, termination".to_owned());
+        self.shutdown();
+        self.settle().await;
+        let m = pool.metrics();
+        ensure!(
+            self,
+            pool.is_terminated()
                 && m.accepted == m.terminal()
                 && m.queued == 0
                 && m.running == 0
@@ -1742,11 +2876,12 @@ impl Harness {
     }
 }
 
-fn run_case(cfg: Cfg, model_cfg: Cfg, ops: &[Op]) {
-    run_case_within(cfg, model_cfg, ops, SETTLE);
+fn run_case(cfg: Cfg, model_cfg: Cfg, ops: &[Op]) -> Model {
+    run_case_within(cfg, model_cfg, ops, SETTLE)
 }
 
-fn run_case_within(cfg: Cfg, model_cfg: Cfg, ops: &[Op], settle_within: Duration) {
+/// Runs one case; returns the model at its end.
+fn run_case_within(cfg: Cfg, model_cfg: Cfg, ops: &[Op], settle_within: Duration) -> Model {
     quiet_deliberate_panics();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1762,20 +2897,31 @@ fn run_case_within(cfg: Cfg, model_cfg: Cfg, ops: &[Op], settle_within: Duration
         if std::env::var_os("MODEL_VERBOSE").is_some() {
             eprintln!("case passed: {cfg:?}\n    {}", h.log.join("\n    "));
         }
-    });
+        h.model.clone()
+    })
+}
+
+fn env_cases(var: &str) -> Option<u32> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
 }
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        // `PROPTEST_CASES=5000` for a long run.
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(256),
+        // `PROPTEST_CASES=2000` for a long run.
+        cases: env_cases("PROPTEST_CASES").unwrap_or(256),
         // The counterexample is printed; no regression file in the tree.
         failure_persistence: None,
         ..ProptestConfig::default()
     }
+}
+
+/// Long-queue cases cost several short ones: a quarter as many as
+/// `PROPTEST_CASES` (at least 64), or `MODEL_LONG_CASES`.
+fn long_config() -> ProptestConfig {
+    let cases = env_cases("MODEL_LONG_CASES")
+        .or_else(|| env_cases("PROPTEST_CASES").map(|n| (n / 4).max(64)))
+        .unwrap_or(64);
+    ProptestConfig { cases, ..config() }
 }
 
 proptest! {
@@ -1785,6 +2931,18 @@ proptest! {
     /// step by step.
     #[test]
     fn offloader_matches_the_model((cfg, ops) in scenario()) {
+        run_case(cfg, cfg, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(long_config())]
+
+    /// The same with queue capacities in the hundreds and batches of up to
+    /// 300 jobs behind held permits: cancel, stop and callers leaving at
+    /// every position of long queues, shutdowns that drain them.
+    #[test]
+    fn long_queues_match_the_model((cfg, ops) in long_scenario()) {
         run_case(cfg, cfg, &ops);
     }
 }
@@ -1799,6 +2957,7 @@ fn every_operation_once() {
         queue_capacity: 2,
         short_keep_alive: true,
         policy: AbandonPolicy::Keep,
+        observer: true,
     };
     let ops = [
         Op::Spawn {
@@ -1869,6 +3028,25 @@ fn every_operation_once() {
         Op::Await(1),
         Op::DropHandle(0),
         Op::Detach(0),
+        Op::ReleaseAll,
+        Op::Batch {
+            n: 3,
+            mix: Mix::Gated,
+            callers: Callers::Handles,
+            then: Then::Nothing,
+        },
+        Op::Batch {
+            n: 3,
+            mix: Mix::Mixed(1),
+            callers: Callers::Awaiting { timeout: true },
+            then: Then::Nothing,
+        },
+        Op::LeaveAt(Pos::Front, Leave::TimesOut),
+        Op::CancelAt(Pos::Back),
+        Op::StopAt(Pos::At(1)),
+        Op::ReleaseRunning(1),
+        Op::LeaveAt(Pos::Running(0), Leave::Drops),
+        Op::ReleaseAll,
         Op::Spawn {
             kind: IgnoresStop,
             named: true,
@@ -1894,8 +3072,124 @@ fn every_operation_once() {
         Op::Shutdown,
         Op::ReleaseAll,
         Op::Idle,
+        Op::DropLast,
+        Op::Await(0),
     ];
     run_case(cfg, cfg, &ops);
+}
+
+/// A queue of hundreds behind held permits: cancel, stop and callers
+/// leaving (time-out and drop, under each policy) at its front, back and
+/// middle, FIFO among what is left; then a graceful shutdown drains it.
+#[test]
+fn long_queue_aimed_at_every_position() {
+    let cfg = Cfg {
+        max_in_flight: 3,
+        queue_capacity: 300,
+        short_keep_alive: false,
+        policy: AbandonPolicy::Keep,
+        observer: true,
+    };
+    let mut ops = vec![
+        Op::Batch {
+            n: 200,
+            mix: Mix::Gated,
+            callers: Callers::Handles,
+            then: Then::Nothing,
+        },
+        Op::Batch {
+            n: 100,
+            mix: Mix::Mixed(7),
+            callers: Callers::Awaiting { timeout: true },
+            then: Then::Nothing,
+        },
+        // 297 wait behind 3 running: room for 3 more (`queue_capacity`
+        // counts the jobs waiting for a permit), the other 2 are refused.
+        Op::Batch {
+            n: 5,
+            mix: Mix::Gated,
+            callers: Callers::Handles,
+            then: Then::Nothing,
+        },
+    ];
+    for p in [Pos::Front, Pos::Back, Pos::At(97), Pos::At(1)] {
+        ops.push(Op::CancelAt(p));
+        ops.push(Op::StopAt(p));
+    }
+    for (p, l) in [
+        (Pos::Front, Leave::TimesOut),
+        (Pos::Back, Leave::TimesOut),
+        (Pos::At(40), Leave::Drops),
+        (Pos::At(41), Leave::TimesOut),
+        (Pos::At(42), Leave::TimesOut),
+        (Pos::At(43), Leave::TimesOut),
+        (Pos::At(44), Leave::Drops),
+        (Pos::At(45), Leave::Drops),
+    ] {
+        ops.push(Op::LeaveAt(p, l));
+    }
+    ops.extend([
+        Op::ReleaseRunning(0),
+        Op::ReleaseRunning(1),
+        Op::CancelAt(Pos::Front),
+        Op::ReleaseRunning(2),
+        Op::Shutdown,
+        Op::LeaveAt(Pos::At(3), Leave::TimesOut),
+        Op::CancelAt(Pos::At(10)),
+        // The three running since before the shutdown, oldest first.
+        Op::ReleaseRunning(0),
+        Op::ReleaseRunning(0),
+        Op::ReleaseRunning(0),
+        Op::ReleaseAll,
+        Op::Idle,
+    ]);
+    let model = run_case(cfg, cfg, &ops);
+    assert_eq!(model.max_running, 3);
+    assert_eq!(model.drain_width, 3, "the drain ran at the full width");
+    assert_eq!(model.c.rejected_full, 2);
+}
+
+/// A graceful shutdown, a close and dropping the last clone each drain a
+/// queue of barrier jobs at the full width: a barrier function returns on
+/// its own only once `max_in_flight` of them wait at once. Both on a fresh
+/// pool (the shutdown right after the batch, while workers are still being
+/// woken) and behind held permits released one at a time after it.
+#[test]
+fn every_shutdown_drains_at_the_full_width() {
+    for then in [Then::Shutdown, Then::Close, Then::DropLast] {
+        for max_in_flight in [2, 3, 4] {
+            let cfg = Cfg {
+                max_in_flight,
+                queue_capacity: 100,
+                short_keep_alive: true,
+                policy: AbandonPolicy::Keep,
+                observer: true,
+            };
+            let batch = Op::Batch {
+                n: 10 * max_in_flight as u16,
+                mix: Mix::Barrier,
+                callers: Callers::Handles,
+                then,
+            };
+            let model = run_case(cfg, cfg, &[batch]);
+            assert_eq!(model.max_running, max_in_flight, "{then:?}");
+            if then == Then::Close {
+                // Behind held permits a close escalates: what is queued
+                // comes back unstarted.
+                continue;
+            }
+            let held = Op::Spawn {
+                kind: Kind::Gated,
+                named: false,
+                timeout: false,
+            };
+            let mut ops = vec![held; max_in_flight];
+            ops.push(batch);
+            ops.extend((0..max_in_flight).map(|_| Op::ReleaseRunning(0)));
+            let model = run_case(cfg, cfg, &ops);
+            assert_eq!(model.drain_width, max_in_flight, "{then:?}");
+        }
+    }
 }
 
 /// A staged close that gives up on a function ignoring its stop token,
@@ -1910,6 +3204,7 @@ fn staged_close_gives_up_and_wakes_a_blocked_producer() {
         queue_capacity: 1,
         short_keep_alive: false,
         policy: AbandonPolicy::CancelIfQueued,
+        observer: false,
     };
     let ops = [
         Op::Spawn {
@@ -1946,6 +3241,7 @@ fn a_wrong_model_is_caught() {
         queue_capacity: 4,
         short_keep_alive: false,
         policy: AbandonPolicy::Keep,
+        observer: false,
     };
     let wrong = Cfg {
         max_in_flight: 2,
@@ -1967,6 +3263,39 @@ fn a_wrong_model_is_caught() {
     run_case_within(cfg, wrong, &ops, Duration::from_secs(1));
 }
 
+/// Not vacuous about the order either: a model that starts the queue's
+/// second job before its first is caught as soon as the pool starts them.
+#[test]
+#[should_panic(expected = "start order (FIFO)")]
+fn a_start_out_of_fifo_order_is_caught() {
+    let cfg = Cfg {
+        max_in_flight: 2,
+        queue_capacity: 4,
+        short_keep_alive: false,
+        policy: AbandonPolicy::Keep,
+        observer: true,
+    };
+    quiet_deliberate_panics();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let mut h = Harness::new(cfg, cfg);
+        let gated = Op::Spawn {
+            kind: Kind::Gated,
+            named: false,
+            timeout: false,
+        };
+        for n in 0..4 {
+            h.step(n, gated).await;
+        }
+        // The model's queue out of order: [3, 2].
+        h.model.queue.swap(0, 1);
+        h.step(4, Op::ReleaseRunning(0)).await;
+    });
+}
+
 /// Also not vacuous about who runs: a job the model still has queued but
 /// which the real pool started is caught at the next operation.
 #[test]
@@ -1977,6 +3306,7 @@ fn a_job_run_behind_the_models_back_is_caught() {
         queue_capacity: 4,
         short_keep_alive: false,
         policy: AbandonPolicy::Keep,
+        observer: false,
     };
     quiet_deliberate_panics();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -5,7 +5,6 @@ use std::time::Duration;
 use crate::error::BuildError;
 use crate::observer::{Observer, ObserverSlot};
 use crate::policy::AbandonPolicy;
-use crate::pool::Offloader;
 
 /// Largest queue capacity (2^31 jobs): far beyond any sane configuration,
 /// and small enough that queued and running jobs are addressed by 32-bit
@@ -163,18 +162,11 @@ impl Builder {
         self
     }
 
-    /// Checks the configuration and builds the offloader. No thread is
-    /// started until the first job.
-    ///
-    /// ```
-    /// use offloader::{BuildError, Offloader};
-    ///
-    /// let err = Offloader::builder().thread_name("bad\0name").build().unwrap_err();
-    /// assert!(matches!(err, BuildError::ThreadName { .. }));
-    /// ```
-    pub fn build(self) -> Result<Offloader, BuildError> {
+    /// The validated configuration (`Builder::build`, pool.rs, makes the
+    /// pool from it).
+    pub(crate) fn into_config(self) -> Result<Config, BuildError> {
         self.config.validate()?;
-        Ok(Offloader::from_config(self.config))
+        Ok(self.config)
     }
 }
 

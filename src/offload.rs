@@ -55,12 +55,28 @@ pub struct Offload<F, T> {
     _result: PhantomData<fn() -> T>,
 }
 
+/// The entry point lives here, with the [`Offload`] it makes: the pool
+/// module stays below this one.
+impl Offloader {
+    /// Prepares `f` to run on this pool. Await the result to run it and wait
+    /// for its outcome, or call [`Offload::spawn`] to get an owner handle.
+    ///
+    /// `f` receives the job's [`StopToken`].
+    pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
+    where
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        Offload::new(self.clone(), f)
+    }
+}
+
 impl<F, T> Offload<F, T>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
 {
-    pub(crate) fn new(pool: Offloader, func: F) -> Self {
+    fn new(pool: Offloader, func: F) -> Self {
         Offload {
             pool,
             func,

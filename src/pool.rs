@@ -12,11 +12,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 
 use crate::config::{Builder, Config};
-use crate::error::{Error, Rejected};
+use crate::error::{BuildError, Error, Rejected};
 use crate::id::JobId;
 use crate::job::{Job, JobCore, Task};
 use crate::metrics::Metrics;
-use crate::offload::Offload;
 use crate::policy::Departure;
 use crate::quiet::call_quietly;
 use crate::state::{After, Room, State, Waiters, Worker};
@@ -68,6 +67,21 @@ impl Drop for PoolHandle {
     }
 }
 
+impl Builder {
+    /// Checks the configuration and builds the offloader. No thread is
+    /// started until the first job.
+    ///
+    /// ```
+    /// use offloader::{BuildError, Offloader};
+    ///
+    /// let err = Offloader::builder().thread_name("bad\0name").build().unwrap_err();
+    /// assert!(matches!(err, BuildError::ThreadName { .. }));
+    /// ```
+    pub fn build(self) -> Result<Offloader, BuildError> {
+        Ok(Offloader::from_config(self.into_config()?))
+    }
+}
+
 impl Offloader {
     /// Starts configuring an offloader.
     pub fn builder() -> Builder {
@@ -101,18 +115,6 @@ impl Offloader {
         Offloader {
             handle: Arc::new(PoolHandle { inner }),
         }
-    }
-
-    /// Prepares `f` to run on this pool. Await the result to run it and wait
-    /// for its outcome, or call [`Offload::spawn`] to get an owner handle.
-    ///
-    /// `f` receives the job's [`StopToken`].
-    pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
-    where
-        F: FnOnce(&StopToken) -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        Offload::new(self.clone(), f)
     }
 
     /// A consistent snapshot of this pool's counters.
@@ -431,7 +433,7 @@ impl Inner {
     /// a wait (the job could never start). `None` when the wait is not from
     /// this pool's worker or the job is not queued.
     pub(crate) fn enter_own_wait(&self, core: &JobCore) -> Result<Option<OwnWait<'_>>, Error> {
-        if !crate::worker::on_worker_of(self) {
+        if !self.is_own_worker() {
             return Ok(None);
         }
         let mut s = self.lock();

@@ -57,20 +57,19 @@ std::thread_local! {
     static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether the current thread is a worker of `inner`.
-pub(crate) fn on_worker_of(inner: &Inner) -> bool {
-    #[cfg(not(loom))]
-    {
-        WORKER_OF.with(|w| w.get() == inner as *const Inner as usize)
-    }
-    #[cfg(loom)]
-    {
-        let _ = inner;
-        false
-    }
-}
-
 impl Inner {
+    /// Whether the current thread is one of this pool's workers.
+    pub(crate) fn is_own_worker(&self) -> bool {
+        #[cfg(not(loom))]
+        {
+            WORKER_OF.with(|w| w.get() == self as *const Inner as usize)
+        }
+        #[cfg(loom)]
+        {
+            false
+        }
+    }
+
     /// The worker thread's body: run jobs while there are any, with one lock
     /// acquisition per job (finish one, take the next), then spin or park.
     ///

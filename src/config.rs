@@ -26,7 +26,7 @@ pub const DEFAULT_OBSERVER_LAG: usize = 1024;
 /// Default for [`Builder::keep_alive`].
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
 
-/// Configures and builds an [`Offloader`].
+/// Configures and builds an [`Offloader`](crate::Offloader).
 ///
 /// ```
 /// use std::time::Duration;
@@ -138,7 +138,7 @@ impl Builder {
     /// Reports a job at `warn`, once, when its function has run longer than
     /// `threshold` (default: never). Checked by one monitor thread, started
     /// with the first job when a threshold is set; running jobs are also
-    /// listed by [`Offloader::running_jobs`].
+    /// listed by [`Offloader::running_jobs`](crate::Offloader::running_jobs).
     pub fn stuck_after(mut self, threshold: Duration) -> Self {
         self.config.stuck_after = Some(threshold);
         self

@@ -8,7 +8,7 @@ use crate::id::JobId;
 use crate::job::JobCore;
 
 /// A job that an immediate shutdown removed from the queue; its function
-/// never ran. Its owner handle resolves to [`Error::Unstarted`].
+/// never ran. Its owner handle resolves to [`Error::Unstarted`](crate::Error::Unstarted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnstartedJob {
@@ -40,7 +40,7 @@ pub struct RunningJob {
     pub caller_left: bool,
 }
 
-/// What a staged [`Offloader::close`] did and left behind. Data, not only a
+/// What a staged [`Offloader::close`](crate::Offloader::close) did and left behind. Data, not only a
 /// log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

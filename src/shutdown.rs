@@ -99,10 +99,11 @@ impl Offloader {
     /// ```
     pub fn shutdown_now(&self) -> Vec<UnstartedJob> {
         let inner = self.inner();
-        if !inner.shutdown() && !inner.lock().is_shutdown() {
+        if inner.config.global {
             // The global pool ignores shutdown requests.
             return Vec::new();
         }
+        inner.shutdown();
         let mut after = After::default();
         // Inv. 3: `shutdown` is set, so nothing joins the queue after this.
         let Drained {

@@ -469,15 +469,22 @@ async fn a_weak_handle_does_not_keep_the_pool_open() {
     assert!(format!("{weak:?}").contains("open: false"));
 }
 
-/// Item 14: the process-wide pool ignores shutdown requests.
+/// Item 14: the process-wide pool ignores shutdown requests, with work in
+/// it: nothing queued is handed back, nothing is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_global_pool_ignores_shutdown() {
     let global = Offloader::global();
+    // Every permit of the global pool held, one job queued behind them.
+    let occupied = occupy(global, offloader::DEFAULT_MAX_IN_FLIGHT).await;
+    let queued = global.offload(|_| 41).spawn().unwrap();
     global.shutdown();
-    assert!(global.shutdown_now().is_empty());
+    assert!(global.shutdown_now().is_empty(), "nothing handed back");
     let report = within("close", global.close(Duration::ZERO, Duration::ZERO)).await;
-    assert!(!report.terminated && !report.escalated);
+    assert!(!report.terminated && !report.escalated && report.unstarted.is_empty());
     assert!(!global.is_shutdown());
+    assert_eq!(queued.state(), JobState::Queued);
+    occupied.release().await;
+    assert_eq!(within("the queued job", queued).await.unwrap(), 41);
     assert_eq!(
         within("free function", offloader::offload(|_| 42))
             .await

@@ -6,14 +6,13 @@
 //! for measuring and firing): under a paused test clock
 //! (`#[tokio::test(start_paused = true)]`) a timeout fires and reports in
 //! virtual time. And while a caller with a timeout waits for work running
-//! on the pool's threads, [`hold_paused_clock`] keeps tokio from
+//! on the pool's threads, [`ClockHolds::hold`] keeps tokio from
 //! auto-advancing the paused clock, as tokio does itself while a
 //! `spawn_blocking` task runs.
 //!
 //! Durations come from users and may be anything up to `Duration::MAX`:
 //! every addition here is checked, and a huge limit means "no limit".
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Far enough ahead to mean "never" for a timer (about 30 years), near
@@ -60,45 +59,101 @@ impl Began {
 
 /// Whether tokio's clock is paused here. Without tokio's `test-util`, and
 /// with a running clock, tokio's `now` *is* std's `now`: read back to back,
-/// the two differ by the time between the reads. A paused clock stands
-/// still (real time runs away from it) or was advanced past real time. Two
-/// clock reads; it misses only a clock paused in the last 50 µs.
+/// the two differ by the time between the reads, and nothing more is
+/// checked. Otherwise (a clock paused, advanced, or resumed with an offset)
+/// a paused clock is one that stands still while real time moves: 2 µs of
+/// spinning tell. A clock paused less than 50 µs ago can be missed.
 fn tokio_clock_paused() -> bool {
     let tokio_now = tokio::time::Instant::now().into_std();
     let real = Instant::now();
-    tokio_now > real || real.duration_since(tokio_now) > Duration::from_micros(50)
+    if tokio_now <= real && real.duration_since(tokio_now) <= Duration::from_micros(50) {
+        return false;
+    }
+    let before = tokio::time::Instant::now();
+    let real = Instant::now();
+    while real.elapsed() < Duration::from_micros(2) {
+        std::hint::spin_loop();
+    }
+    tokio::time::Instant::now() == before
 }
 
-/// While alive, a blocking task on the caller's runtime keeps tokio's
-/// paused clock from auto-advancing, for as long as `busy()` holds.
+/// The paused-clock holds of one pool: while any caller waits on the
+/// pool's work under a paused tokio clock, one blocking task (at most one
+/// per pool, whatever the number of waiters) keeps tokio from
+/// auto-advancing the clock, as tokio does itself while a `spawn_blocking`
+/// task runs.
+#[derive(Debug, Default)]
+pub(crate) struct ClockHolds {
+    // std's mutex in loom builds too: no proof rests on it.
+    state: std::sync::Mutex<Holds>,
+}
+
+#[derive(Debug, Default)]
+struct Holds {
+    /// Callers waiting now.
+    waiting: usize,
+    /// The blocking task runs.
+    running: bool,
+}
+
+/// One caller's hold; dropping it (the wait ended) releases it.
 #[derive(Debug)]
 pub(crate) struct ClockHold {
-    done: std::sync::Arc<AtomicBool>,
+    holds: std::sync::Arc<ClockHolds>,
 }
 
 impl Drop for ClockHold {
     fn drop(&mut self) {
-        self.done.store(true, Ordering::Release);
+        self.holds.lock().waiting -= 1;
     }
 }
 
-/// If tokio's clock is paused, holds it (see [`ClockHold`]) while `busy()`
-/// is true: a timed wait on work running on the pool's threads then sees
-/// that work finish before its timer fires, as with `spawn_blocking`.
-/// `None` (and nothing spawned) with a running clock or no runtime.
-pub(crate) fn hold_paused_clock(busy: impl Fn() -> bool + Send + 'static) -> Option<ClockHold> {
-    let rt = tokio::runtime::Handle::try_current().ok()?;
-    if !tokio_clock_paused() {
-        return None;
+impl ClockHolds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Holds> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    let done = std::sync::Arc::new(AtomicBool::new(false));
-    let over = done.clone();
-    // Tokio does not auto-advance a paused clock while a blocking task
-    // runs. Polls every millisecond of real time: test clocks only.
-    let _detached = rt.spawn_blocking(move || {
-        while !over.load(Ordering::Acquire) && busy() {
+
+    /// If tokio's clock is paused here, holds it for as long as the
+    /// returned guard lives. `None` (and nothing spawned) with a running
+    /// clock or outside a runtime.
+    pub(crate) fn hold(self: &std::sync::Arc<Self>) -> Option<ClockHold> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        if !tokio_clock_paused() {
+            return None;
+        }
+        let start = {
+            let mut s = self.lock();
+            s.waiting += 1;
+            !std::mem::replace(&mut s.running, true)
+        };
+        if start {
+            let task = HoldTask(self.clone());
+            // A runtime shutting down drops the task unrun: `HoldTask`'s
+            // drop then lets the next hold start another.
+            drop(rt.spawn_blocking(move || task.run()));
+        }
+        Some(ClockHold {
+            holds: self.clone(),
+        })
+    }
+}
+
+/// The blocking task holding the clock: polls every millisecond of real
+/// time until nobody waits (test clocks only).
+struct HoldTask(std::sync::Arc<ClockHolds>);
+
+impl HoldTask {
+    fn run(self) {
+        while self.0.lock().waiting > 0 {
             std::thread::park_timeout(Duration::from_millis(1));
         }
-    });
-    Some(ClockHold { done })
+    }
+}
+
+impl Drop for HoldTask {
+    fn drop(&mut self) {
+        self.0.lock().running = false;
+    }
 }

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::clock::{hold_paused_clock, Began, ClockHold};
+use crate::clock::{Began, ClockHold};
 use crate::error::{Error, Fate};
 use crate::id::{JobId, JobState};
 use crate::job::Outcome;
@@ -157,8 +157,7 @@ impl<T> JobHandle<T> {
     /// `tokio::time::timeout` does.
     pub async fn wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
         let began = Began::now();
-        let finished = self.finished_probe();
-        let hold = hold_paused_clock(move || !finished());
+        let hold = self.pool.clock_holds.hold();
         let job = &self.job;
         let waited = tokio::time::timeout_at(
             began.timer_deadline(limit),
@@ -170,13 +169,6 @@ impl<T> JobHandle<T> {
             Ok(outcome) => outcome,
             Err(_) => self.timed_out(began.waited(), None),
         }
-    }
-
-    /// A probe that says whether the job's outcome is published, for a
-    /// paused-clock hold (it outlives borrows of the handle).
-    pub(crate) fn finished_probe(&self) -> impl Fn() -> bool + Send + 'static {
-        let job: Arc<dyn crate::job::Task> = self.job.clone();
-        move || job.is_published()
     }
 
     /// Blocks the current thread until the outcome is ready, for synchronous
@@ -283,7 +275,9 @@ impl<T> JobHandle<T> {
         if self.is_finished() {
             return Fate::AlreadyFinished;
         }
-        self.pool.caller_left(core, why);
+        if !self.pool.caller_left(core, why) {
+            return Fate::AlreadyFinished;
+        }
         let fate = match policy {
             AbandonPolicy::Keep => Fate::KeptRunning,
             AbandonPolicy::CancelIfQueued if self.pool.cancel(core) => Fate::CancelledBeforeStart,
@@ -322,8 +316,7 @@ impl<T> Future for JobHandle<T> {
         // Under a paused test clock, an await of pool work holds the clock
         // (as awaiting a `spawn_blocking` task does), limit or not.
         if self.timer.as_ref().is_none_or(|t| t.hold.is_none()) {
-            let finished = self.finished_probe();
-            if let Some(hold) = hold_paused_clock(move || !finished()) {
+            if let Some(hold) = self.pool.clock_holds.hold() {
                 let timer = self.timer.get_or_insert_with(|| {
                     Box::new(Timer {
                         began: Began::now(),

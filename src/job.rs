@@ -35,179 +35,15 @@
 //! used. The unit test at the end of this file pins the size.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::Error;
-use crate::id::{
-    now_ns, JobId, JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED,
-};
+use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
+use crate::job_core::JobCore;
 use crate::quiet::{drop_quietly, panic_message, wake_quietly};
-use crate::slab::Key;
 use crate::stop::{StopExt, StopSource, StopToken};
-use crate::sync::{lock, park_timeout, thread, Arc, AtomicBool, AtomicU8, Mutex, Ordering};
-
-/// Rarely used parts of a job, allocated only when one is set.
-struct Extras {
-    name: Option<std::sync::Arc<str>>,
-    deadline: Option<Instant>,
-}
-
-/// Flag bits in [`JobCore::flags`].
-const CALLER_LEFT: u8 = 1;
-const CALLER_WAITING: u8 = 2;
-const STUCK_REPORTED: u8 = 4;
-const WAKER_SET: u8 = 8;
-
-/// What every job has, whatever its function and result types.
-pub(crate) struct JobCore {
-    pub(crate) id: JobId,
-    /// When the job was accepted, until it starts; from then on, when it
-    /// started (see [`now_ns`]).
-    time: AtomicU64,
-    extras: Option<Box<Extras>>,
-    /// The job's key in the pool's slab while it is queued or running
-    /// (state.rs S5). Read and written only under the pool lock.
-    key: AtomicU32,
-    state: AtomicU8,
-    flags: AtomicU8,
-    stopped: AtomicBool,
-}
-
-impl JobCore {
-    pub(crate) fn new(
-        id: JobId,
-        name: Option<std::sync::Arc<str>>,
-        deadline: Option<Instant>,
-    ) -> Self {
-        let extras =
-            (name.is_some() || deadline.is_some()).then(|| Box::new(Extras { name, deadline }));
-        JobCore {
-            id,
-            time: AtomicU64::new(now_ns()),
-            extras,
-            key: AtomicU32::new(0),
-            state: AtomicU8::new(QUEUED),
-            flags: AtomicU8::new(0),
-            stopped: AtomicBool::new(false),
-        }
-    }
-
-    /// Records the job's slab key (under the pool lock).
-    pub(crate) fn set_key(&self, key: Key) {
-        // ORDERING: written and read under the pool lock only.
-        self.key.store(key, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The job's slab key (under the pool lock).
-    pub(crate) fn key(&self) -> Key {
-        self.key.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The raw state word.
-    fn state_word(&self) -> u8 {
-        self.state.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn state(&self) -> JobState {
-        // ORDERING: Acquire pairs with the AcqRel transitions below.
-        JobState::from_u8(self.state.load(Ordering::Acquire))
-    }
-
-    /// Moves the job from `from` to `to`; `true` if this call made the move.
-    /// Moving to `Running` restarts the clock and returns, through
-    /// `queued_for`, how long the job waited.
-    pub(crate) fn transition(&self, from: u8, to: u8) -> bool {
-        // ORDERING: AcqRel so that the winner of the swap out of `Queued`
-        // also owns the function cell (inv. 2) and readers of the state see
-        // everything the winner wrote before.
-        self.state
-            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// Restarts the clock when the function starts; returns how long the job
-    /// was queued. Called under the pool lock by the worker that won
-    /// `Queued → Running`.
-    pub(crate) fn mark_started(&self) -> Duration {
-        let now = now_ns();
-        // ORDERING: the clock is read and written under the pool lock.
-        let accepted = self.time.swap(now, std::sync::atomic::Ordering::Relaxed);
-        Duration::from_nanos(now.saturating_sub(accepted))
-    }
-
-    /// Time since the job was accepted (while queued) or since it started
-    /// (once running or finished).
-    pub(crate) fn clock(&self) -> Duration {
-        self.clock_at(now_ns())
-    }
-
-    /// [`clock`](Self::clock) as of `now` (from [`now_ns`]), for a caller
-    /// that reads the time once for many jobs.
-    pub(crate) fn clock_at(&self, now: u64) -> Duration {
-        let since = self.time.load(std::sync::atomic::Ordering::Relaxed);
-        Duration::from_nanos(now.saturating_sub(since))
-    }
-
-    pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {
-        self.extras.as_ref()?.name.as_ref()
-    }
-
-    pub(crate) fn is_stop_requested(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
-    }
-
-    /// A span for this job's events (id, name); costs nothing when no
-    /// subscriber listens.
-    pub(crate) fn span(&self) -> tracing::Span {
-        match self.name() {
-            Some(n) => tracing::trace_span!("offload", id = self.id.0, name = %n),
-            None => tracing::trace_span!("offload", id = self.id.0),
-        }
-    }
-
-    fn set_flag(&self, bit: u8, on: bool) {
-        if on {
-            self.flags.fetch_or(bit, Ordering::AcqRel);
-        } else {
-            self.flags.fetch_and(!bit, Ordering::AcqRel);
-        }
-    }
-
-    pub(crate) fn mark_caller_left(&self) {
-        self.set_flag(CALLER_LEFT, true);
-    }
-
-    pub(crate) fn caller_left(&self) -> bool {
-        self.flags.load(Ordering::Acquire) & CALLER_LEFT != 0
-    }
-
-    pub(crate) fn set_caller_waiting(&self, waiting: bool) {
-        self.set_flag(CALLER_WAITING, waiting);
-    }
-
-    pub(crate) fn caller_waiting(&self) -> bool {
-        self.flags.load(Ordering::Acquire) & CALLER_WAITING != 0
-    }
-
-    /// Keeps the hint that a waiter's waker is registered (set and cleared
-    /// under the cell lock, read under the pool lock: a hint, see
-    /// worker.rs).
-    pub(crate) fn set_waker_hint(&self, set: bool) {
-        self.set_flag(WAKER_SET, set);
-    }
-
-    /// Whether a waiter's waker is registered (a hint).
-    pub(crate) fn waker_hint(&self) -> bool {
-        self.flags.load(Ordering::Acquire) & WAKER_SET != 0
-    }
-
-    /// Marks the job reported as stuck; `true` the first time.
-    pub(crate) fn mark_stuck_reported(&self) -> bool {
-        self.flags.fetch_or(STUCK_REPORTED, Ordering::AcqRel) & STUCK_REPORTED == 0
-    }
-}
+use crate::sync::{fence, lock, park_timeout, thread, Arc, AtomicBool, Mutex, Ordering};
 
 /// The type-erased face of a job that the queue and the workers see. A job
 /// is its own stop source.
@@ -314,6 +150,24 @@ where
         Job {
             core,
             cell: Mutex::new(Cell::Queued { func, waker: None }),
+        }
+    }
+
+    /// The outcome of a job whose state is already terminal: its worker is
+    /// between finishing it and publishing it, which involves no foreign
+    /// code, so the wait is short.
+    fn await_imminent_outcome(&self) -> Result<T, Error> {
+        let mut round = 0u32;
+        loop {
+            if let Some(outcome) = self.take_published(&mut lock(&self.cell)) {
+                return outcome;
+            }
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else {
+                thread::yield_now();
+            }
         }
     }
 
@@ -453,15 +307,20 @@ where
         let result = catch_unwind(AssertUnwindSafe(|| func(stop)));
         // Inv. 4: the permit is released before the outcome is visible.
         returned(result.is_err());
-        let outcome = result.map_err(|payload| {
-            let message = panic_message(payload.as_ref());
-            drop_quietly(payload);
-            Box::new(Error::Panicked {
-                id: self.core.id,
-                message,
-            })
-        });
-        self.publish(outcome);
+        // Published before anything foreign runs (the panic payload's drop):
+        // a caller that saw the job finish waits for exactly this
+        // (`await_imminent_outcome`).
+        match result {
+            Ok(value) => self.publish(Ok(value)),
+            Err(payload) => {
+                let message = panic_message(payload.as_ref());
+                self.publish(Err(Box::new(Error::Panicked {
+                    id: self.core.id,
+                    message,
+                })));
+                drop_quietly(payload);
+            }
+        }
     }
 
     fn is_published(&self) -> bool {
@@ -522,6 +381,24 @@ where
         }
         // Registered under the cell lock: `publish` sees it (inv. 3).
         let old = self.set_waker(&mut cell, Some(new));
+        // Pairs with the worker's fence between finishing a job and reading
+        // the waker hint (worker.rs): either the worker sees this waker (and
+        // starts no next job before waking it), or this caller sees the job
+        // already finished and takes its waker back, so that no waker runs
+        // on the worker once the next job is marked started.
+        fence(Ordering::SeqCst);
+        // Only a worker's finish (Completed, Panicked) is followed by a
+        // next job; a cancelled or unstarted job's waker runs on the
+        // cancelling thread as usual.
+        if matches!(self.core.state_word(), COMPLETED | PANICKED) {
+            let mine = self.set_waker(&mut cell, None);
+            drop(cell);
+            drop_quietly(old);
+            drop_quietly(mine);
+            // The outcome is being published right now, by a worker that
+            // runs nothing else first: wait for it here.
+            return Poll::Ready(self.await_imminent_outcome());
+        }
         drop(cell);
         drop_quietly(old);
         Poll::Pending
@@ -574,7 +451,10 @@ mod tests {
     /// counts (a 96-byte malloc chunk), plus its 16-byte queue slot.
     #[test]
     fn a_queued_noop_job_is_one_small_allocation() {
-        let job = Job::new(JobCore::new(JobId(1), None, None), |_: &StopToken| 0u64);
+        let job = Job::new(
+            JobCore::new(crate::id::JobId(1), None, None),
+            |_: &StopToken| 0u64,
+        );
         let bytes = std::mem::size_of_val(&job) + 2 * std::mem::size_of::<usize>();
         assert!(
             bytes <= 88,

@@ -421,6 +421,7 @@ mod metrics;
 mod stop;
 
 mod job;
+mod job_core;
 mod observer;
 mod report;
 

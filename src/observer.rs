@@ -28,7 +28,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Instant, SystemTime};
 
 use crate::id::{JobId, JobState};
-use crate::job::JobCore;
+use crate::job_core::JobCore;
 
 /// Receives every job's lifecycle transitions.
 ///
@@ -38,7 +38,14 @@ use crate::job::JobCore;
 /// never on a caller's async thread, never on a worker. So the observer may
 /// block (a durable ledger may `fsync`) without stalling a runtime or
 /// holding a permit. It is never called while the pool's internal locks are
-/// held, so it may call back into the pool.
+/// held, so it may call back into the pool: read metrics, offload work,
+/// shut it down. What it must not do is *wait* on its own pool for
+/// something that needs its events delivered: `idle()`, `terminated()` and
+/// `blocking_await_termination(None)` panic there with a clear message
+/// (the panic is caught and logged), `await_termination` and `close`
+/// return at once without termination, and an offload that would wait for
+/// the observer's own lag is refused with
+/// [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind).
 ///
 /// An observer that falls behind by more than
 /// [`Builder::observer_lag`](crate::Builder::observer_lag) undelivered events

@@ -8,11 +8,12 @@ use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::clock::{hold_paused_clock, Began, ClockHold};
+use crate::clock::{Began, ClockHold};
 
 use crate::error::{Error, Rejected, SubmitError};
 use crate::handle::JobHandle;
-use crate::job::{Job, JobCore};
+use crate::job::Job;
+use crate::job_core::JobCore;
 use crate::policy::{AbandonPolicy, Departure};
 use crate::pool::{Offloader, Waiting};
 use crate::state::Waiters;
@@ -180,6 +181,13 @@ where
             freed.as_mut().enable();
             match this.try_accept(began) {
                 Ok(handle) => return Ok(handle),
+                // The observer itself cannot wait for its own lag to drop.
+                Err((reason @ Rejected::ObserverBehind { .. }, back))
+                    if inner.is_delivery_thread() =>
+                {
+                    inner.count_refusal(&reason);
+                    return Err(SubmitError::new(reason, back.func));
+                }
                 // Room, or the observer catching up, frees a slot.
                 Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => this = back,
                 Err((reason, back)) => {
@@ -191,13 +199,10 @@ where
                 None => freed.await,
                 Some(at) => {
                     if hold.is_none() {
-                        hold = Some(hold_paused_clock(|| true));
+                        hold = Some(inner.clock_holds.hold());
                     }
                     if tokio::time::timeout_at(at, freed).await.is_err() {
-                        let reason = Rejected::FullUntilTimeout {
-                            capacity: inner.config.queue_capacity,
-                            waited: began.waited(),
-                        };
+                        let reason = inner.gave_up_waiting(began.waited());
                         inner.count_refusal(&reason);
                         return Err(SubmitError::new(reason, this.func));
                     }
@@ -376,10 +381,7 @@ where
                                 }
                                 // Dropping the wait gives up the function.
                                 *waiting = None;
-                                let reason = Rejected::FullUntilTimeout {
-                                    capacity: this.pool.inner().config.queue_capacity,
-                                    waited: this.began.waited(),
-                                };
+                                let reason = this.pool.inner().gave_up_waiting(this.began.waited());
                                 this.pool.inner().count_refusal(&reason);
                                 Err(Error::Rejected(reason))
                             }
@@ -410,8 +412,7 @@ where
                     // Under a paused test clock, an await of pool work holds
                     // the clock, as awaiting `spawn_blocking` does.
                     if this.hold.as_ref().is_none_or(Option::is_none) {
-                        let job = handle.finished_probe();
-                        *this.hold = Some(hold_paused_clock(move || !job()));
+                        *this.hold = Some(this.pool.inner().clock_holds.hold());
                     }
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;

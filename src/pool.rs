@@ -10,11 +10,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
+use std::time::Duration;
 
 use crate::config::{Builder, Config};
 use crate::error::{BuildError, Error, Rejected};
 use crate::id::JobId;
-use crate::job::{Job, JobCore, Task};
+use crate::job::{Job, Task};
+use crate::job_core::JobCore;
 use crate::metrics::Metrics;
 use crate::policy::Departure;
 use crate::quiet::call_quietly;
@@ -111,6 +113,7 @@ impl Offloader {
             next_id: AtomicU64::new(0),
             recent_run_ns: AtomicU64::new(1_000_000),
             doorbell,
+            clock_holds: std::sync::Arc::default(),
         });
         Offloader {
             handle: Arc::new(PoolHandle { inner }),
@@ -208,6 +211,9 @@ pub(crate) struct Inner {
     /// Moving average of recent run times (ns), for callers deciding
     /// whether a short spin will see the outcome before parking is worth it.
     pub(crate) recent_run_ns: AtomicU64,
+    /// Holds tokio's paused test clock while callers wait on this pool's
+    /// work (clock.rs).
+    pub(crate) clock_holds: std::sync::Arc<crate::clock::ClockHolds>,
     /// The observer delivery thread's doorbell (observer.rs inv. 3): a
     /// bounded channel of one message, rung after events were queued or the
     /// pool may have settled. `None` without an observer.
@@ -353,11 +359,12 @@ impl Inner {
     }
 
     /// Transition *caller-left*: a caller stopped waiting for `core`.
-    pub(crate) fn caller_left(&self, core: &JobCore, why: Departure) {
-        core.mark_caller_left();
+    /// `false` if the job had already finished: nothing is recorded.
+    pub(crate) fn caller_left(&self, core: &JobCore, why: Departure) -> bool {
         let mut after = After::default();
-        self.lock().caller_left(core, why, &mut after);
+        let left = self.lock().caller_left(core, why, &mut after);
         self.after(after);
+        left
     }
 
     /// Settles `n` outcomes published outside the lock.
@@ -365,6 +372,19 @@ impl Inner {
         let mut after = After::default();
         self.lock().published(n, &mut after);
         self.after(after);
+    }
+
+    /// Why a caller that waited `waited` for admission finally gave up: the
+    /// observer's lag if that is what holds admission back now, else a full
+    /// queue.
+    pub(crate) fn gave_up_waiting(&self, waited: Duration) -> Rejected {
+        match self.lock().observer_behind() {
+            Some(lag) => Rejected::ObserverBehind { lag },
+            None => Rejected::FullUntilTimeout {
+                capacity: self.config.queue_capacity,
+                waited,
+            },
+        }
     }
 
     /// Counts a refusal that the caller reports (a full queue or a lagging

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::Pretty;
 use crate::id::JobId;
-use crate::job::JobCore;
+use crate::job_core::JobCore;
 
 /// A job that an immediate shutdown removed from the queue; its function
 /// never ran. Its owner handle resolves to [`Error::Unstarted`](crate::Error::Unstarted).

@@ -34,7 +34,7 @@ use std::future::poll_fn;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::clock::{hold_paused_clock, Began};
+use crate::clock::Began;
 use crate::error::Error;
 use crate::pool::{Inner, Offloader, Waiting};
 use crate::quiet::drop_quietly;
@@ -206,11 +206,15 @@ impl Offloader {
     ///
     /// Needs a tokio runtime with the time driver.
     pub async fn await_termination(&self, limit: Duration) -> bool {
+        if self.inner().is_delivery_thread() {
+            // From the pool's own observer: termination includes delivering
+            // the event being delivered now, so it cannot happen meanwhile.
+            return false;
+        }
         let began = Began::now();
         // Under a paused test clock, the pool's threads finishing their
         // work hold the clock, as `spawn_blocking` tasks do.
-        let inner = self.inner().clone();
-        let _hold = hold_paused_clock(move || !inner.lock().threads_retired());
+        let _hold = self.inner().clock_holds.hold();
         tokio::time::timeout_at(began.timer_deadline(limit), self.terminated())
             .await
             .is_ok()
@@ -303,6 +307,7 @@ impl Offloader {
 /// Waits until `settled` holds (inv. 2, async side). Retired threads that
 /// nobody joined yet are joined on the way, off the async thread.
 async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
+    refuse_on_delivery_thread(inner);
     // Counted so that transitions signal it (state.rs `settle_check`).
     let _registered = Waiting::new(inner, Waiters::Settle);
     let mut waker = inner.progress.registration();
@@ -324,8 +329,7 @@ async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
             }
             drop(s);
             if hold.is_none() {
-                let pool = inner.clone();
-                hold = hold_paused_clock(move || !settled(&pool.lock()));
+                hold = inner.clock_holds.hold();
             }
             Poll::Pending
         })
@@ -384,12 +388,29 @@ impl Drop for JoinOnDrop {
     }
 }
 
+/// Idleness and termination include delivering every event, the one the
+/// observer is handling too: waiting for either from the observer, without
+/// a limit, could never end. A clear panic (caught and logged by the
+/// delivery thread) instead of a silent deadlock.
+fn refuse_on_delivery_thread(inner: &Inner) {
+    if inner.is_delivery_thread() {
+        panic!(
+            "offloader: idle() or termination awaited, without a limit, from the pool's own \
+             observer; it waits for the delivery of the event being delivered and would never \
+             return. Use await_termination(limit), or wait from another task."
+        );
+    }
+}
+
 /// Blocks until `settled` holds or `until` passes (inv. 2, blocking side).
 pub(crate) fn blocking_wait(
     inner: &Inner,
     settled: fn(&State) -> bool,
     until: Option<Instant>,
 ) -> bool {
+    if until.is_none() {
+        refuse_on_delivery_thread(inner);
+    }
     let _registered = Waiting::new(inner, Waiters::Settle);
     let mut s = inner.lock();
     loop {

@@ -6,14 +6,14 @@
 //! they do not blow up the models' state space.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]

@@ -15,7 +15,8 @@
 use std::sync::atomic::Ordering as StdOrdering;
 use std::time::{Duration, Instant};
 
-use crate::job::{JobCore, Task};
+use crate::job::Task;
+use crate::job_core::JobCore;
 use crate::pool::Inner;
 use crate::quiet::drop_quietly;
 use crate::slab::Key;
@@ -109,6 +110,11 @@ impl Inner {
                 // its function does: no waiter to wake, no detached result
                 // to drop (ARCHITECTURE.md "A job's path"). Otherwise the
                 // worker takes it at its next lock, after that work.
+                // Pairs with the fence of a caller registering its waker
+                // (job.rs `poll_outcome`): the job is terminal now; either
+                // the hint shows that caller's waker, or the caller sees the
+                // terminal state and takes its waker back.
+                crate::sync::fence(crate::sync::Ordering::SeqCst);
                 let foreign_next =
                     after.runs_foreign_code() || core.waker_hint() || !core.caller_waiting();
                 if !foreign_next {

@@ -803,12 +803,18 @@ async fn a_lagging_observer_holds_admission_back() {
             .submit(),
     )
     .await;
-    assert!(timed.is_err(), "gave up within its timeout");
+    let timed = timed.expect_err("gave up within its timeout");
+    assert!(
+        matches!(timed.reason(), offloader::Rejected::ObserverBehind { .. }),
+        "the reason is the observer's lag, not a full queue: {:?}",
+        timed.reason()
+    );
     // An awaited offload waits for the observer to catch up.
     let waiting = tokio::spawn(pool.offload(|_| 7).into_future());
     assert!(!waiting.is_finished());
     let m = pool.metrics();
-    assert!(m.events_pending >= 4 && m.rejected_observer == 1, "{m:?}");
+    assert!(m.events_pending >= 4 && m.rejected_observer == 2, "{m:?}");
+    assert_eq!(m.rejected_full, 0, "{m:?}");
     assert!(m.ledger_balances(), "{m:?}");
     gate.open();
     assert_eq!(
@@ -833,5 +839,70 @@ fn a_zero_observer_lag_is_refused() {
     assert!(
         matches!(err, offloader::BuildError::ZeroObserverLag),
         "{err}"
+    );
+}
+
+/// An observer that waits on its own pool: what would deadlock is refused
+/// at once (second hostile review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_waiting_on_its_own_pool_does_not_deadlock_it() {
+    quiet_deliberate_panics();
+    struct Waits {
+        pool: Mutex<Option<offloader::WeakOffloader>>,
+        seen: Mutex<Vec<String>>,
+    }
+    impl Observer for Waits {
+        fn on_event(&self, event: &JobEvent) {
+            if event.kind != EventKind::Accepted {
+                return;
+            }
+            let Some(pool) = self.pool.lock().unwrap().clone().and_then(|w| w.upgrade()) else {
+                return;
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut seen = Vec::new();
+            // Bounded waits on its own pool: answered at once.
+            seen.push(format!(
+                "await_termination {}",
+                rt.block_on(pool.await_termination(HANG))
+            ));
+            // An offload that would wait for the observer's own lag.
+            let submitted = rt.block_on(pool.offload(|_| 0).submit());
+            seen.push(format!(
+                "submit {}",
+                matches!(
+                    submitted.as_ref().map_err(|e| e.reason()),
+                    Err(offloader::Rejected::ObserverBehind { .. })
+                )
+            ));
+            // Unbounded: a clear panic instead of a deadlock.
+            let idle =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(pool.idle())));
+            seen.push(format!("idle panicked {}", idle.is_err()));
+            *self.seen.lock().unwrap() = seen;
+        }
+    }
+    let waits = Arc::new(Waits {
+        pool: Mutex::new(None),
+        seen: Mutex::new(Vec::new()),
+    });
+    let pool = Offloader::builder()
+        .observer(waits.clone())
+        .observer_lag(1)
+        .build()
+        .unwrap();
+    *waits.pool.lock().unwrap() = Some(pool.downgrade());
+    within("a job", pool.offload(|_| ())).await.unwrap();
+    within("idle: every event delivered", pool.idle()).await;
+    assert_eq!(
+        *waits.seen.lock().unwrap(),
+        vec![
+            "await_termination false".to_owned(),
+            "submit true".to_owned(),
+            "idle panicked true".to_owned()
+        ]
     );
 }

@@ -150,3 +150,79 @@ async fn a_users_own_timeout_around_pool_work_holds_the_clock() {
         .await
         .expect("idle() too");
 }
+
+/// The threads of this process.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// Many callers waiting under a paused clock hold it with one blocking
+/// task for the pool, not one thread each (second hostile review).
+#[tokio::test(start_paused = true)]
+async fn many_waiting_callers_hold_the_clock_with_one_task() {
+    let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+    let (g, hold) = gate();
+    let (tx, started) = std::sync::mpsc::channel();
+    pool.offload(move |_| {
+        tx.send(()).unwrap();
+        hold.wait();
+    })
+    .spawn()
+    .unwrap()
+    .detach();
+    // Waited for on the blocking pool, which holds the paused clock.
+    tokio::task::spawn_blocking(move || started.recv_timeout(HANG))
+        .await
+        .unwrap()
+        .expect("the blocker started");
+    let before = threads();
+    let waiters: Vec<_> = (0..300)
+        .map(|i| tokio::spawn(pool.offload(move |_| i).into_future()))
+        .collect();
+    // Let every caller reach its wait (polled once, pending).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let during = threads();
+    assert!(
+        during <= before + 3,
+        "{} threads for 300 waiting callers (before: {before})",
+        during
+    );
+    g.open();
+    for w in waiters {
+        w.await.unwrap().unwrap();
+    }
+}
+
+/// A clock paused, advanced and resumed runs again, with an offset from
+/// real time: it is not mistaken for a paused one.
+#[tokio::test]
+async fn a_resumed_clock_is_not_held() {
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    tokio::time::resume();
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    pool.offload(move |_| {
+        tx.send(()).unwrap();
+        hold.wait();
+    })
+    .spawn()
+    .unwrap()
+    .detach();
+    recv("started", &mut started).await;
+    let before = threads();
+    let waiters: Vec<_> = (0..50)
+        .map(|i| tokio::spawn(pool.offload(move |_| i).into_future()))
+        .collect();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(threads() <= before + 1, "a running clock needs no hold");
+    g.open();
+    for w in waiters {
+        w.await.unwrap().unwrap();
+    }
+}

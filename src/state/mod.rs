@@ -42,7 +42,8 @@ use std::time::Duration;
 
 use crate::error::Rejected;
 use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
-use crate::job::{JobCore, Task};
+use crate::job::Task;
+use crate::job_core::JobCore;
 use crate::metrics::Metrics;
 use crate::observer::{EventKind, EventQueue, JobEvent};
 use crate::policy::Departure;
@@ -259,6 +260,14 @@ impl State {
         Ok(())
     }
 
+    /// How far the observer lags, if that (and not a full queue) is what
+    /// holds admission back now.
+    pub(crate) fn observer_behind(&self) -> Option<usize> {
+        let behind = self.observe && self.events.lag() >= self.observer_lag;
+        let full = self.waiting_for_permit() >= self.queue_capacity;
+        (behind && !full).then(|| self.events.lag())
+    }
+
     /// Queued jobs beyond the permits that are free now and have a worker
     /// to run them: while the OS refuses new threads, only the workers that
     /// exist count.
@@ -391,7 +400,19 @@ impl State {
     }
 
     /// Transition *caller-left*: a caller stopped waiting for `core`.
-    pub(crate) fn caller_left(&mut self, core: &JobCore, why: Departure, after: &mut After) {
+    /// Returns `false`, and records nothing, if the job is already terminal:
+    /// the caller left a finished job (and an event now could come after the
+    /// delivery thread saw the pool settle for good).
+    pub(crate) fn caller_left(
+        &mut self,
+        core: &JobCore,
+        why: Departure,
+        after: &mut After,
+    ) -> bool {
+        if core.state().is_terminal() {
+            return false;
+        }
+        core.mark_caller_left();
         match why {
             Departure::TimedOut => self.counts.callers_timed_out += 1,
             Departure::Dropped => self.counts.callers_dropped += 1,
@@ -401,6 +422,7 @@ impl State {
             self.counts.running_after_caller_left += 1;
         }
         self.event(core, EventKind::Abandoned { state }, after);
+        true
     }
 
     /// Transition *stop-requested*: a stop request took effect.

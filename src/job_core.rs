@@ -1,0 +1,171 @@
+//! What every job has, whatever its function and result types: its id,
+//! state word, clock, flags and rare parts. Split from `job.rs`, which adds
+//! the function and the outcome cell.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::time::{Duration, Instant};
+
+use crate::id::{now_ns, JobId, JobState, QUEUED};
+use crate::slab::Key;
+use crate::sync::{AtomicBool, AtomicU8, Ordering};
+
+/// Rarely used parts of a job, allocated only when one is set.
+pub(crate) struct Extras {
+    pub(crate) name: Option<std::sync::Arc<str>>,
+    pub(crate) deadline: Option<Instant>,
+}
+
+/// Flag bits in [`JobCore::flags`].
+const CALLER_LEFT: u8 = 1;
+const CALLER_WAITING: u8 = 2;
+const STUCK_REPORTED: u8 = 4;
+const WAKER_SET: u8 = 8;
+
+/// What every job has, whatever its function and result types.
+pub(crate) struct JobCore {
+    pub(crate) id: JobId,
+    /// When the job was accepted, until it starts; from then on, when it
+    /// started (see [`now_ns`]).
+    time: AtomicU64,
+    pub(crate) extras: Option<Box<Extras>>,
+    /// The job's key in the pool's slab while it is queued or running
+    /// (state.rs S5). Read and written only under the pool lock.
+    key: AtomicU32,
+    pub(crate) state: AtomicU8,
+    flags: AtomicU8,
+    pub(crate) stopped: AtomicBool,
+}
+
+impl JobCore {
+    pub(crate) fn new(
+        id: JobId,
+        name: Option<std::sync::Arc<str>>,
+        deadline: Option<Instant>,
+    ) -> Self {
+        let extras =
+            (name.is_some() || deadline.is_some()).then(|| Box::new(Extras { name, deadline }));
+        JobCore {
+            id,
+            time: AtomicU64::new(now_ns()),
+            extras,
+            key: AtomicU32::new(0),
+            state: AtomicU8::new(QUEUED),
+            flags: AtomicU8::new(0),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    /// Records the job's slab key (under the pool lock).
+    pub(crate) fn set_key(&self, key: Key) {
+        // ORDERING: written and read under the pool lock only.
+        self.key.store(key, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The job's slab key (under the pool lock).
+    pub(crate) fn key(&self) -> Key {
+        self.key.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The raw state word.
+    pub(crate) fn state_word(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn state(&self) -> JobState {
+        // ORDERING: Acquire pairs with the AcqRel transitions below.
+        JobState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Moves the job from `from` to `to`; `true` if this call made the move.
+    /// Moving to `Running` restarts the clock and returns, through
+    /// `queued_for`, how long the job waited.
+    pub(crate) fn transition(&self, from: u8, to: u8) -> bool {
+        // ORDERING: AcqRel so that the winner of the swap out of `Queued`
+        // also owns the function cell (inv. 2) and readers of the state see
+        // everything the winner wrote before.
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Restarts the clock when the function starts; returns how long the job
+    /// was queued. Called under the pool lock by the worker that won
+    /// `Queued → Running`.
+    pub(crate) fn mark_started(&self) -> Duration {
+        let now = now_ns();
+        // ORDERING: the clock is read and written under the pool lock.
+        let accepted = self.time.swap(now, std::sync::atomic::Ordering::Relaxed);
+        Duration::from_nanos(now.saturating_sub(accepted))
+    }
+
+    /// Time since the job was accepted (while queued) or since it started
+    /// (once running or finished).
+    pub(crate) fn clock(&self) -> Duration {
+        self.clock_at(now_ns())
+    }
+
+    /// [`clock`](Self::clock) as of `now` (from [`now_ns`]), for a caller
+    /// that reads the time once for many jobs.
+    pub(crate) fn clock_at(&self, now: u64) -> Duration {
+        let since = self.time.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_nanos(now.saturating_sub(since))
+    }
+
+    pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {
+        self.extras.as_ref()?.name.as_ref()
+    }
+
+    pub(crate) fn is_stop_requested(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// A span for this job's events (id, name); costs nothing when no
+    /// subscriber listens.
+    pub(crate) fn span(&self) -> tracing::Span {
+        match self.name() {
+            Some(n) => tracing::trace_span!("offload", id = self.id.0, name = %n),
+            None => tracing::trace_span!("offload", id = self.id.0),
+        }
+    }
+
+    fn set_flag(&self, bit: u8, on: bool) {
+        if on {
+            self.flags.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.flags.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn mark_caller_left(&self) {
+        self.set_flag(CALLER_LEFT, true);
+    }
+
+    pub(crate) fn caller_left(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & CALLER_LEFT != 0
+    }
+
+    pub(crate) fn set_caller_waiting(&self, waiting: bool) {
+        self.set_flag(CALLER_WAITING, waiting);
+    }
+
+    pub(crate) fn caller_waiting(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & CALLER_WAITING != 0
+    }
+
+    /// Keeps the hint that a waiter's waker is registered (set and cleared
+    /// under the cell lock, read under the pool lock: a hint, see
+    /// worker.rs).
+    pub(crate) fn set_waker_hint(&self, set: bool) {
+        self.set_flag(WAKER_SET, set);
+    }
+
+    /// Whether a waiter's waker is registered (a hint).
+    pub(crate) fn waker_hint(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & WAKER_SET != 0
+    }
+
+    /// Marks the job reported as stuck; `true` the first time.
+    pub(crate) fn mark_stuck_reported(&self) -> bool {
+        self.flags.fetch_or(STUCK_REPORTED, Ordering::AcqRel) & STUCK_REPORTED == 0
+    }
+}

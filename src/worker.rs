@@ -287,9 +287,7 @@ impl Inner {
         };
         match spawned {
             Ok(()) => s.spawn_succeeded(),
-            Err(_) => {
-                s.spawn_failed();
-            }
+            Err(_) => s.spawn_failed(),
         }
         spawned
     }

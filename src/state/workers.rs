@@ -32,23 +32,22 @@ impl State {
         Worker::Busy
     }
 
-    /// Called by a worker that just took a job: if jobs are still queued and
-    /// nobody else is searching, finds another worker for them.
+    /// Called by a worker that just took a job: if jobs are still queued,
+    /// makes sure a worker will look at them (nothing to do if another is
+    /// searching: [`State::find_worker`]).
     pub(crate) fn wake_another(&mut self) -> Worker {
-        if self.queue.is_empty() || self.searching > 0 {
+        if self.queue.is_empty() {
             return Worker::Searching;
         }
         self.find_worker()
     }
 
-    /// A worker counted by [`Worker::Spawn`] could not be spawned. Returns
-    /// whether any worker is left to run queued jobs.
-    pub(crate) fn spawn_failed(&mut self) -> bool {
+    /// A worker counted by [`Worker::Spawn`] could not be spawned.
+    pub(crate) fn spawn_failed(&mut self) {
         self.workers -= 1;
         self.searching -= 1;
         self.counts.spawn_failures += 1;
         self.spawn_blocked = true;
-        self.workers > 0
     }
 
     /// A worker counted by [`Worker::Spawn`] was spawned.

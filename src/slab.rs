@@ -113,6 +113,11 @@ impl<T> Slab<T> {
         self.entries.get(key as usize)?.value.as_ref()
     }
 
+    /// Whether no entry is occupied.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The value at `key`, if occupied, for changing.
     pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
         self.entries.get_mut(key as usize)?.value.as_mut()

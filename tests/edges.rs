@@ -605,3 +605,26 @@ async fn blocking_wait_on_a_multi_thread_worker_lets_other_tasks_run() {
     assert_eq!(h.blocking_wait().unwrap(), 3);
     within("the opener", opener).await.unwrap();
 }
+
+/// One stuck-job monitor per pool, however many jobs are accepted (kills a
+/// mutant that started one per job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_monitor_thread_per_pool() {
+    let pool = Offloader::builder()
+        .thread_name("mon1")
+        .stuck_after(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    for i in 0..20 {
+        pool.offload(move |_| i).spawn().unwrap().detach();
+    }
+    within("idle", pool.idle()).await;
+    assert_eq!(support::threads_named("mon1-monitor"), 1);
+    pool.shutdown();
+    within("terminated", pool.terminated()).await;
+    assert_eq!(
+        support::threads_named("mon1-monitor"),
+        0,
+        "joined at termination"
+    );
+}

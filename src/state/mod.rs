@@ -45,11 +45,12 @@ use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTA
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::metrics::Metrics;
-use crate::observer::{EventKind, EventQueue, JobEvent};
+use crate::observer::{EventKind, EventQueue};
 use crate::policy::Departure;
 use crate::report::RunningJob;
 use crate::slab::{List, Slab};
 
+mod events;
 mod workers;
 use crate::sync::{thread, Arc};
 
@@ -455,30 +456,6 @@ impl State {
         true
     }
 
-    // ----- observer events ------------------------------------------------
-
-    fn event(&mut self, core: &JobCore, kind: EventKind, after: &mut After) {
-        if self.observe {
-            self.events.push(core, kind);
-            after.events = true;
-        }
-    }
-
-    /// Takes every pending event for the delivery thread.
-    pub(crate) fn events_take(&mut self) -> Option<std::collections::VecDeque<JobEvent>> {
-        self.events.take()
-    }
-
-    /// The delivery thread delivered the batch it took: admission held back
-    /// by the lag may go on, idleness may follow.
-    pub(crate) fn events_done(&mut self, after: &mut After) {
-        self.events.done();
-        if self.room_waiters > 0 {
-            after.room = Room::All;
-        }
-        self.settle_check(after);
-    }
-
     // ----- waiters and queries -------------------------------------------
 
     pub(crate) fn waiters(&mut self, which: Waiters) -> &mut usize {
@@ -534,7 +511,12 @@ impl State {
     /// Shut down, idle, and every pool thread has retired (some may still
     /// be exiting: see [`State::take_exited`]).
     pub(crate) fn threads_retired(&self) -> bool {
-        self.shutdown && self.is_idle() && self.workers == 0 && !self.monitor && !self.delivery
+        self.shutdown
+            && self.is_idle()
+            && self.workers == 0
+            && !self.monitor
+            && !self.delivery
+            && self.threads.is_empty()
     }
 
     /// Shut down, idle and no worker left (the monitor's exit condition).

@@ -619,6 +619,11 @@ async fn one_monitor_thread_per_pool() {
         pool.offload(move |_| i).spawn().unwrap().detach();
     }
     within("idle", pool.idle()).await;
+    // A new thread names itself as it starts: wait for the name to show.
+    support::eventually("the monitor thread named", || {
+        support::threads_named("mon1-monitor") >= 1
+    })
+    .await;
     assert_eq!(support::threads_named("mon1-monitor"), 1);
     pool.shutdown();
     within("terminated", pool.terminated()).await;

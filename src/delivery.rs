@@ -14,25 +14,12 @@ use crate::slab::Key;
 use crate::state::{After, State, Waiters};
 use crate::sync::Arc;
 
-#[cfg(not(loom))]
-std::thread_local! {
-    /// The pool whose delivery thread this is (its address), or 0.
-    static DELIVERY_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 impl Inner {
     /// Whether the current thread is this pool's delivery thread: the
     /// observer runs here, and whatever it waits for on its own pool must
     /// not wait for the delivery it is part of.
     pub(crate) fn is_delivery_thread(&self) -> bool {
-        #[cfg(not(loom))]
-        {
-            DELIVERY_OF.with(|d| d.get() == self as *const Inner as usize)
-        }
-        #[cfg(loom)]
-        {
-            false
-        }
+        crate::sync::is_pool_thread(self as *const Inner as usize, crate::sync::Role::Delivery)
     }
 
     /// Starts the delivery thread if an observer is configured and it does
@@ -55,8 +42,7 @@ impl Inner {
         let (Some(observer), Some((_, doorbell))) = (&self.config.observer, &self.doorbell) else {
             return;
         };
-        #[cfg(not(loom))]
-        DELIVERY_OF.with(|d| d.set(Arc::as_ptr(&self) as usize));
+        crate::sync::mark_pool_thread(Arc::as_ptr(&self) as usize, crate::sync::Role::Delivery);
         // Counted as a settle waiter, so that the pool settling (the last
         // worker retiring) rings the doorbell.
         let _registered = Waiting::new(&self, Waiters::Settle);

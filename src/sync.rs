@@ -51,3 +51,40 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         Err(poisoned) => poisoned.into_inner(),
     }
 }
+
+/// Which of a pool's own threads the current thread is, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A worker that runs jobs.
+    Worker,
+    /// The observer's delivery thread.
+    Delivery,
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The pool (its address) and role of this thread, if it is a pool's.
+    static POOL_THREAD: std::cell::Cell<Option<(usize, Role)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Marks the current thread as `pool`'s thread in `role` (loom: nothing;
+/// the models do not use the marks).
+pub(crate) fn mark_pool_thread(pool: usize, role: Role) {
+    #[cfg(not(loom))]
+    POOL_THREAD.with(|t| t.set(Some((pool, role))));
+    #[cfg(loom)]
+    let _ = (pool, role);
+}
+
+/// Whether the current thread is `pool`'s thread in `role`.
+pub(crate) fn is_pool_thread(pool: usize, role: Role) -> bool {
+    #[cfg(not(loom))]
+    {
+        POOL_THREAD.with(|t| t.get() == Some((pool, role)))
+    }
+    #[cfg(loom)]
+    {
+        let _ = (pool, role);
+        false
+    }
+}

@@ -52,23 +52,10 @@ pub(crate) fn caller_spin(inner: &Inner) -> Duration {
     Duration::from_nanos(4 * recent + 2_000).min(CALLER_SPIN_BUDGET)
 }
 
-#[cfg(not(loom))]
-std::thread_local! {
-    /// The pool whose worker this thread is (its address), or 0.
-    static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 impl Inner {
     /// Whether the current thread is one of this pool's workers.
     pub(crate) fn is_own_worker(&self) -> bool {
-        #[cfg(not(loom))]
-        {
-            WORKER_OF.with(|w| w.get() == self as *const Inner as usize)
-        }
-        #[cfg(loom)]
-        {
-            false
-        }
+        crate::sync::is_pool_thread(self as *const Inner as usize, crate::sync::Role::Worker)
     }
 
     /// The worker thread's body: run jobs while there are any, with one lock
@@ -77,8 +64,7 @@ impl Inner {
     /// A published outcome stays counted as unpublished until this worker's
     /// next lock acquisition, which saves a lock per job.
     fn work_loop(self: Arc<Self>, me: u64, slot: Key) {
-        #[cfg(not(loom))]
-        WORKER_OF.with(|w| w.set(Arc::as_ptr(&self) as usize));
+        crate::sync::mark_pool_thread(Arc::as_ptr(&self) as usize, crate::sync::Role::Worker);
         // `owed`: this worker published an outcome still counted as
         // unpublished.
         let mut owed = false;

@@ -40,6 +40,22 @@ impl Meeting {
     }
 }
 
+/// Spawns `n` jobs on `pool` that meet at one [`Meeting`], job `i` waiting
+/// for `need(i)` arrivals; each returns whether its meeting happened.
+fn meeting_jobs(
+    pool: &Offloader,
+    n: usize,
+    need: impl Fn(usize) -> usize,
+) -> Vec<offloader::JobHandle<bool>> {
+    let meeting = Arc::new(Meeting::default());
+    (0..n)
+        .map(|i| {
+            let (m, k) = (meeting.clone(), need(i));
+            pool.offload(move |_| m.arrive(k)).spawn().unwrap()
+        })
+        .collect()
+}
+
 /// Item 1: after a graceful shutdown, queued jobs drain at the full
 /// `max_in_flight` width: eight queued jobs meet four at a time, which one
 /// thread could never do.
@@ -47,17 +63,9 @@ impl Meeting {
 async fn graceful_shutdown_drains_at_full_width() {
     for round in 0..5 {
         let pool = Offloader::builder().max_in_flight(4).build().unwrap();
-        let meeting = Arc::new(Meeting::default());
-        let handles: Vec<_> = (0..8)
-            .map(|i| {
-                let m = meeting.clone();
-                // Jobs 0–3 meet as four; jobs 4–7 arrive with 4 already
-                // counted, so they need only themselves to be there.
-                pool.offload(move |_| m.arrive(if i < 4 { 4 } else { 8 }))
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        // Jobs 0–3 meet as four; jobs 4–7 arrive with 4 already counted,
+        // so they need only themselves to be there.
+        let handles = meeting_jobs(&pool, 8, |i| if i < 4 { 4 } else { 8 });
         pool.shutdown();
         for (i, h) in handles.into_iter().enumerate() {
             assert!(
@@ -75,26 +83,14 @@ async fn graceful_shutdown_drains_at_full_width() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_last_clone_and_close_drain_at_full_width() {
     let pool = Offloader::builder().max_in_flight(4).build().unwrap();
-    let meeting = Arc::new(Meeting::default());
-    let handles: Vec<_> = (0..4)
-        .map(|_| {
-            let m = meeting.clone();
-            pool.offload(move |_| m.arrive(4)).spawn().unwrap()
-        })
-        .collect();
+    let handles = meeting_jobs(&pool, 4, |_| 4);
     drop(pool);
     for h in handles {
         assert!(within("drained after drop", h).await.unwrap());
     }
 
     let pool = Offloader::builder().max_in_flight(4).build().unwrap();
-    let meeting = Arc::new(Meeting::default());
-    let handles: Vec<_> = (0..4)
-        .map(|_| {
-            let m = meeting.clone();
-            pool.offload(move |_| m.arrive(4)).spawn().unwrap()
-        })
-        .collect();
+    let handles = meeting_jobs(&pool, 4, |_| 4);
     let report = within("close", pool.close(HANG, HANG)).await;
     assert!(report.terminated && !report.escalated, "{report}");
     assert_eq!(report.completed, 4);

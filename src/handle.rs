@@ -118,7 +118,7 @@ impl<T> JobHandle<T> {
     /// permit until it returns, and `false` is returned. If the job has
     /// finished, nothing happens.
     pub fn cancel(&self) -> bool {
-        if self.pool.cancel(self.job.core()) {
+        if self.pool.cancel(&*self.job) {
             return true;
         }
         if self.state() == JobState::Running {
@@ -280,9 +280,13 @@ impl<T> JobHandle<T> {
         }
         let fate = match policy {
             AbandonPolicy::Keep => Fate::KeptRunning,
-            AbandonPolicy::CancelIfQueued if self.pool.cancel(core) => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelIfQueued if self.pool.cancel(&*self.job) => {
+                Fate::CancelledBeforeStart
+            }
             AbandonPolicy::CancelIfQueued => Fate::KeptRunning,
-            AbandonPolicy::CancelAndStop if self.pool.cancel(core) => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelAndStop if self.pool.cancel(&*self.job) => {
+                Fate::CancelledBeforeStart
+            }
             AbandonPolicy::CancelAndStop => {
                 // A job that finished meanwhile had nothing left to stop.
                 if !self.stop() && self.state().is_terminal() {

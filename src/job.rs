@@ -11,10 +11,11 @@
 //!
 //! # Invariants
 //!
-//! 1. The state word leaves `Queued` exactly once, by one successful
-//!    compare-and-swap; `Running`, `Cancelled` and `Unstarted` all start with
-//!    that swap, so a job is never both cancelled and run (ARCHITECTURE.md invariant 3).
-//! 2. The function is taken out of its cell only by the thread whose swap won:
+//! 1. The state word leaves `Queued` exactly once, by one check-and-store
+//!    made under the pool lock (`JobCore::transition`); `Running`,
+//!    `Cancelled` and `Unstarted` all start with that move, so a job is never
+//!    both cancelled and run (ARCHITECTURE.md invariant 3).
+//! 2. The function is taken out of its cell only by the thread whose move won:
 //!    the worker that moved the job to `Running` calls it, the thread that
 //!    moved it to `Cancelled`/`Unstarted` drops it.
 //! 3. The outcome is published once, under the slot lock, after the state
@@ -55,9 +56,10 @@ pub(crate) trait Task: StopSource {
     /// outcome (inv. 4: `returned` releases the permit first).
     fn run(&self, stop: &StopToken, returned: &mut dyn FnMut(bool));
 
-    /// Drops the never-run function and publishes `error` as the outcome
-    /// (the caller must have won `Queued → Cancelled/Unstarted`).
-    fn discard(&self, error: Error);
+    /// Drops the never-run function and publishes its outcome: the error
+    /// its state word names (the caller must have won `Queued → Cancelled`
+    /// or `Queued → Unstarted`).
+    fn discard(&self);
 
     /// Whether the outcome is published (or already taken).
     fn is_published(&self) -> bool;
@@ -110,6 +112,10 @@ enum Cell<F, T> {
     Taken {
         stop_ext: Option<Arc<StopExt>>,
     },
+    /// The function was discarded unrun: the state word (`Cancelled` or
+    /// `Unstarted`) says which error every wait gets. Nothing to allocate
+    /// for the error, so a cancel or a drain touches only the job.
+    NeverRan,
 }
 
 /// Whether `cell` may go with the state word `word` (the table above).
@@ -120,6 +126,7 @@ fn cell_matches<F, T>(cell: &Cell<F, T>, word: u8) -> bool {
         Cell::Published { .. } | Cell::Taken { .. } => {
             matches!(word, COMPLETED | PANICKED | CANCELLED | UNSTARTED)
         }
+        Cell::NeverRan => matches!(word, CANCELLED | UNSTARTED),
     }
 }
 
@@ -127,13 +134,13 @@ impl<F, T> Cell<F, T> {
     fn waker_slot(&mut self) -> Option<&mut Option<Waker>> {
         match self {
             Cell::Queued { waker, .. } | Cell::Running { waker, .. } => Some(waker),
-            Cell::Published { .. } | Cell::Taken { .. } => None,
+            Cell::Published { .. } | Cell::Taken { .. } | Cell::NeverRan => None,
         }
     }
 
     fn stop_ext(&mut self) -> Option<&mut Option<Arc<StopExt>>> {
         match self {
-            Cell::Queued { .. } => None,
+            Cell::Queued { .. } | Cell::NeverRan => None,
             Cell::Running { stop_ext, .. }
             | Cell::Published { stop_ext, .. }
             | Cell::Taken { stop_ext } => Some(stop_ext),
@@ -213,6 +220,16 @@ where
         }
     }
 
+    /// The error of a job whose function was discarded unrun, from its
+    /// state word (the one source of truth: see the table on `Cell`).
+    fn never_ran(&self) -> Error {
+        let id = self.core.id;
+        match self.core.state_word() {
+            CANCELLED => Error::Cancelled { id },
+            _ => Error::Unstarted { id },
+        }
+    }
+
     /// Publishes the outcome and wakes the waiter (inv. 3).
     fn publish(&self, outcome: Result<T, Box<Error>>) {
         let mut cell = lock(&self.cell);
@@ -224,7 +241,7 @@ where
         // Woken outside the lock; inv. 3 only needs the publish under it.
         let waker = match previous {
             Cell::Queued { waker, .. } | Cell::Running { waker, .. } => waker,
-            Cell::Published { .. } | Cell::Taken { .. } => None,
+            Cell::Published { .. } | Cell::Taken { .. } | Cell::NeverRan => None,
         };
         if let Some(w) = waker {
             // Foreign code: a panicking waker must not kill the worker.
@@ -241,6 +258,7 @@ where
                 outcome: Err(e), ..
             } => return Some(Err(e.again())),
             Cell::Taken { .. } => return Some(Err(Error::OutcomeTaken { id: self.core.id })),
+            Cell::NeverRan => return Some(Err(self.never_ran())),
             Cell::Queued { .. } | Cell::Running { .. } => return None,
             Cell::Published { outcome: Ok(_), .. } => {}
         }
@@ -326,19 +344,13 @@ where
     fn is_published(&self) -> bool {
         matches!(
             *lock(&self.cell),
-            Cell::Published { .. } | Cell::Taken { .. }
+            Cell::Published { .. } | Cell::Taken { .. } | Cell::NeverRan
         )
     }
 
-    fn discard(&self, error: Error) {
+    fn discard(&self) {
         let mut cell = lock(&self.cell);
-        let previous = std::mem::replace(
-            &mut *cell,
-            Cell::Published {
-                outcome: Err(Box::new(error)),
-                stop_ext: None,
-            },
-        );
+        let previous = std::mem::replace(&mut *cell, Cell::NeverRan);
         debug_assert!(cell_matches(&cell, self.core.state_word()));
         self.core.set_waker_hint(false);
         drop(cell);

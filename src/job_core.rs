@@ -72,20 +72,27 @@ impl JobCore {
     }
 
     pub(crate) fn state(&self) -> JobState {
-        // ORDERING: Acquire pairs with the AcqRel transitions below.
+        // ORDERING: Acquire pairs with the Release of `transition`.
         JobState::from_u8(self.state.load(Ordering::Acquire))
     }
 
     /// Moves the job from `from` to `to`; `true` if this call made the move.
-    /// Moving to `Running` restarts the clock and returns, through
-    /// `queued_for`, how long the job waited.
+    ///
+    /// Called only under the pool lock: every transition is a method of the
+    /// locked state (state/mod.rs), so no other writer can come between the
+    /// read and the write, and a plain store does what a compare-and-swap
+    /// would without its full barrier (which, on a long queue, serialised a
+    /// cache miss per job in a drain).
     pub(crate) fn transition(&self, from: u8, to: u8) -> bool {
-        // ORDERING: AcqRel so that the winner of the swap out of `Queued`
-        // also owns the function cell (inv. 2) and readers of the state see
-        // everything the winner wrote before.
-        self.state
-            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        // ORDERING: writers are ordered by the pool lock. Release so that
+        // lock-free readers (`state`, Acquire) see everything the winner
+        // wrote before; the winner of the move out of `Queued` owns the
+        // function cell (inv. 2).
+        if self.state.load(Ordering::Relaxed) != from {
+            return false;
+        }
+        self.state.store(to, Ordering::Release);
+        true
     }
 
     /// Restarts the clock when the function starts; returns how long the job

@@ -240,6 +240,7 @@ impl Inner {
             settled,
             events,
             release,
+            dead,
         } = after;
         for worker in unpark {
             worker.unpark();
@@ -259,6 +260,9 @@ impl Inner {
         }
         if let Some(task) = release {
             crate::quiet::drop_quietly(task);
+        }
+        if !dead.is_empty() {
+            crate::quiet::drop_quietly(dead);
         }
         if events || settled {
             self.ring();
@@ -334,15 +338,16 @@ impl Inner {
         Ok(())
     }
 
-    /// Cancels job `core` if it is still queued; `true` if this call did it.
-    pub(crate) fn cancel(&self, core: &JobCore) -> bool {
+    /// Cancels job `task` if it is still queued; `true` if this call did it.
+    pub(crate) fn cancel(&self, task: &dyn Task) -> bool {
+        let core = task.core();
         let mut after = After::default();
-        let Some(task) = self.lock().cancel_queued(core, &mut after) else {
+        if !self.lock().cancel_queued(core, &mut after) {
             return false;
-        };
+        }
         self.after(after);
         tracing::debug!(parent: &core.span(), "cancelled before start");
-        task.discard(Error::Cancelled { id: core.id });
+        task.discard();
         self.published(1);
         true
     }

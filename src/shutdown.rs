@@ -35,7 +35,6 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::clock::Began;
-use crate::error::Error;
 use crate::pool::{Inner, Offloader, Waiting};
 use crate::quiet::drop_quietly;
 use crate::report::{CloseReport, RunningJob, UnstartedJob};
@@ -117,7 +116,7 @@ impl Offloader {
             .map(|task| {
                 let core = task.core();
                 let job = UnstartedJob::of(core, now);
-                task.discard(Error::Unstarted { id: core.id });
+                task.discard();
                 drop_quietly(task);
                 job
             })

@@ -64,6 +64,11 @@ impl Subscriber for Reentrant {
     }
     fn enter(&self, _: &Id) {}
     fn exit(&self, _: &Id) {}
+    /// Spans the pool opens close here: calls back too.
+    fn try_close(&self, _: Id) -> bool {
+        call_back();
+        true
+    }
 }
 
 struct ReentrantObserver;
@@ -143,6 +148,8 @@ async fn scenario() {
     let mut waiting = pin!(pool.offload(|_| 1).submit());
     assert!(waiting.as_mut().poll(&mut cx).is_pending());
     assert!(queued.cancel());
+    // Its handle gone, the pool's tombstone is the job's last reference.
+    drop(queued);
     let admitted = within("producer", waiting).await.unwrap();
     let timed_out = pool
         .offload(|_| ())
@@ -157,6 +164,19 @@ async fn scenario() {
     within("queued2", queued2).await.unwrap();
     within("admitted", admitted).await.unwrap();
     within("idle", idle).await;
+
+    // Cancelled jobs that outnumber the queued ones are unlinked all at
+    // once (state/mod.rs S2), with every callback calling back.
+    let occupied = support::occupy(&pool, 2).await;
+    let first = pool.offload(|_| ()).spawn().unwrap();
+    let last = pool.offload(|_| ()).spawn().unwrap();
+    assert!(first.cancel());
+    drop(first);
+    assert!(last.cancel());
+    drop(last);
+    assert_eq!(pool.metrics().queued, 0);
+    occupied.release().await;
+    within("idle again", pool.idle()).await;
 
     // A panic, then an immediate shutdown with a queue, then termination.
     support::quiet_deliberate_panics();

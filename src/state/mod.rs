@@ -20,11 +20,17 @@
 //!   start never happens with `running.len() == max_in_flight`, because
 //!   every worker runs one function at a time and there are at most
 //!   `max_in_flight` workers. So `running <= max_in_flight` always.
-//! - **S2 (queue = Queued).** A job leaves `Queued` (for `Running`,
-//!   `Cancelled` or `Unstarted`) only by a compare-and-swap made under the
-//!   lock, in the same critical section that unlinks it from `queue`. So
-//!   `queue` holds exactly the jobs whose state word reads `Queued`, and
-//!   `running` exactly those reading `Running`.
+//! - **S2 (queue = Queued + tombstones).** A job leaves `Queued` (for
+//!   `Running`, `Cancelled` or `Unstarted`) only by `JobCore::transition`,
+//!   under the lock. Starting and draining unlink it in the same critical
+//!   section; a cancel leaves it linked as a *tombstone* (touching only the
+//!   job, not its queue neighbours: a cancel at any position costs the same)
+//!   and counts it. So `queue` holds, in submission order, exactly the jobs
+//!   whose state word reads `Queued` (`queued` of them) plus `tombstones`
+//!   cancelled ones; `running` holds exactly those reading `Running`.
+//!   Tombstones are unlinked when they reach the front, and all at once
+//!   whenever they outnumber the queued jobs (a walk paid for by the cancels
+//!   that made them), so they never hold more than the live queue's memory.
 //! - **S3 (ledger).** Every counter changes in the critical section of the
 //!   transition it counts, and [`State::snapshot`] copies them under the
 //!   lock: `accepted = queued + running + terminal` in every snapshot.
@@ -50,6 +56,7 @@ use crate::slab::{List, Slab};
 
 mod events;
 mod queries;
+mod tombstones;
 mod workers;
 use crate::sync::{thread, Arc};
 
@@ -69,6 +76,8 @@ pub(crate) struct After {
     /// A job reference the slab let go of, dropped after unlocking (the
     /// last reference drops the job's result, which is user code).
     pub(crate) release: Option<Arc<dyn Task>>,
+    /// Tombstones unlinked from the queue (S2), dropped after unlocking.
+    pub(crate) dead: Vec<Arc<dyn Task>>,
 }
 
 /// What an immediate shutdown took from the queue, and the running jobs it
@@ -157,8 +166,12 @@ pub(crate) struct State {
     observer_lag: usize,
     /// Every queued or running job, by the key its core records.
     jobs: Slab<Arc<dyn Task>>,
-    /// Exactly the `Queued` jobs, in submission order (S2).
+    /// The `Queued` jobs in submission order, and tombstones (S2).
     queue: List,
+    /// The `Queued` jobs in `queue` (S2).
+    queued: usize,
+    /// The cancelled jobs still linked in `queue` (S2).
+    tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
     running: List,
     /// Parked workers not yet claimed, most recently parked last.
@@ -212,6 +225,8 @@ impl State {
             observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
             queue: List::default(),
+            queued: 0,
+            tombstones: 0,
             running: List::default(),
             parked: Slab::default(),
             parked_list: List::default(),
@@ -277,7 +292,7 @@ impl State {
         } else {
             self.max_in_flight.saturating_sub(self.running.len())
         };
-        self.queue.len().saturating_sub(startable)
+        self.queued.saturating_sub(startable)
     }
 
     /// Transition *accept*: appends `task` to the queue and counts it.
@@ -287,7 +302,8 @@ impl State {
         let key = self.jobs.insert(task.clone());
         task.core().set_key(key);
         self.jobs.push_back(&mut self.queue, key);
-        self.hint.store(self.queue.len(), Ordering::Release);
+        self.queued += 1;
+        self.hint.store(self.queued, Ordering::Release);
     }
 
     /// Counts a refusal the caller reports: a full queue, for good.
@@ -305,17 +321,24 @@ impl State {
     /// Transition *start*: pops the next queued job and moves it to
     /// `Running`, taking its permit (S1, S2).
     pub(crate) fn start(&mut self, after: &mut After) -> Option<Arc<dyn Task>> {
-        let key = self.jobs.pop_front(&mut self.queue)?;
-        self.hint.store(self.queue.len(), Ordering::Release);
-        // No room frees: the job moves from waiting to running, and the
-        // bound is on jobs beyond the free permits.
-        let task = self.jobs.get(key)?.clone();
-        let core = task.core();
-        if !core.transition(QUEUED, RUNNING) {
-            // Unreachable by S2; drop the entry rather than run it.
-            after.release = self.jobs.remove(key);
+        if self.queued == 0 {
+            self.unlink_tombstones(after);
             return None;
         }
+        let (key, task) = loop {
+            let key = self.jobs.pop_front(&mut self.queue)?;
+            let task = self.jobs.get(key)?.clone();
+            // S2: a linked job is `Queued` or a tombstone.
+            if task.core().transition(QUEUED, RUNNING) {
+                break (key, task);
+            }
+            self.bury(key, after);
+        };
+        let core = task.core();
+        self.queued -= 1;
+        self.hint.store(self.queued, Ordering::Release);
+        // No room frees: the job moves from waiting to running, and the
+        // bound is on jobs beyond the free permits.
         debug_assert!(self.running.len() < self.max_in_flight, "S1");
         self.jobs.push_back(&mut self.running, key);
         self.counts.max_running = self.counts.max_running.max(self.running.len() as u64);
@@ -354,42 +377,49 @@ impl State {
     }
 
     /// Transition *cancel-queued*: if `core` is still queued, moves it to
-    /// `Cancelled` and unlinks it; returns the job, whose function the
-    /// caller discards after unlocking.
-    pub(crate) fn cancel_queued(
-        &mut self,
-        core: &JobCore,
-        after: &mut After,
-    ) -> Option<Arc<dyn Task>> {
+    /// `Cancelled`, leaving it in the queue as a tombstone (S2); `true` if
+    /// it did. The caller then discards the function after unlocking.
+    pub(crate) fn cancel_queued(&mut self, core: &JobCore, after: &mut After) -> bool {
         if !core.transition(QUEUED, CANCELLED) {
-            return None;
+            return false;
         }
-        let key = core.key();
-        self.jobs.unlink(&mut self.queue, key);
-        self.hint.store(self.queue.len(), Ordering::Release);
+        self.queued -= 1;
+        self.tombstones += 1;
+        self.hint.store(self.queued, Ordering::Release);
         self.counts.cancelled += 1;
         self.unpublished += 1;
         self.event(core, EventKind::Finished(JobState::Cancelled), after);
         self.room_freed(after);
-        self.jobs.remove(key)
+        if self.tombstones > self.queued {
+            self.unlink_tombstones(after);
+        }
+        true
     }
 
     /// Transition *drain-unstarted* (immediate shutdown): moves every queued
     /// job to `Unstarted` and unlinks it. Returns them (to be discarded
     /// after unlocking) and the running jobs (to be asked to stop).
     pub(crate) fn drain_unstarted(&mut self, after: &mut After) -> Drained {
-        let mut drained = Vec::with_capacity(self.queue.len());
+        let mut drained = Vec::with_capacity(self.queued);
         while let Some(key) = self.jobs.pop_front(&mut self.queue) {
+            let Some(task) = self.jobs.get(key) else {
+                continue;
+            };
+            // S2: a linked job is `Queued` or a tombstone.
+            if !task.core().transition(QUEUED, UNSTARTED) {
+                self.bury(key, after);
+                continue;
+            }
             let Some(task) = self.jobs.remove(key) else {
                 continue;
             };
-            let won = task.core().transition(QUEUED, UNSTARTED);
-            debug_assert!(won, "S2: a queued job is in state Queued");
+            self.queued -= 1;
             self.counts.unstarted += 1;
             self.unpublished += 1;
             self.event(task.core(), EventKind::NeverStarted, after);
             drained.push(task);
         }
+        debug_assert_eq!((self.queued, self.tombstones), (0, 0), "S2");
         self.hint.store(0, Ordering::Release);
         let running = self.jobs.iter(&self.running).cloned().collect();
         self.settle_check(after);
@@ -495,7 +525,7 @@ impl State {
     /// Every accepted job is terminal, its outcome published and every
     /// event delivered.
     pub(crate) fn is_idle(&self) -> bool {
-        self.queue.is_empty()
+        self.queued == 0
             && self.running.is_empty()
             && self.unpublished == 0
             && self.events.is_drained()

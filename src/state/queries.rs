@@ -41,7 +41,7 @@ impl State {
             events_delivered: self.events.delivered(),
             events_pending: self.events.lag() as u64,
             spawn_failures: c.spawn_failures,
-            queued: self.queue.len() as u64,
+            queued: self.queued as u64,
             running: self.running.len() as u64,
             completed: c.completed,
             panicked: c.panicked,

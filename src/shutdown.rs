@@ -69,7 +69,7 @@ impl Offloader {
     }
 
     /// Shuts down immediately: new jobs are refused, queued jobs are removed
-    /// and returned (their owner handles resolve to [`Error::Unstarted`]),
+    /// and returned (their owner handles resolve to [`Error::Unstarted`](crate::Error::Unstarted)),
     /// and running jobs get their stop token set.
     ///
     /// Running functions keep their permits until they really return;

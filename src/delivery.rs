@@ -29,7 +29,12 @@ impl Inner {
         if !s.delivery_starting() {
             return None;
         }
-        match self.spawn_thread(s, "observer", |inner, slot| inner.delivery_loop(slot)) {
+        let spawned = if s.injected_delivery_spawn_failure() {
+            Err(std::io::Error::from_raw_os_error(11)) // EAGAIN
+        } else {
+            self.spawn_thread(s, "observer", |inner, slot| inner.delivery_loop(slot))
+        };
+        match spawned {
             Ok(()) => None,
             Err(e) => {
                 s.delivery_gone();

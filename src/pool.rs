@@ -154,6 +154,13 @@ impl Offloader {
     pub fn __fail_next_thread_spawns(&self, n: usize) {
         self.inner().lock().inject_spawn_failures(n);
     }
+
+    /// Test hook: the next `n` spawns of the observer's delivery thread fail
+    /// as if the OS had refused them (`EAGAIN`).
+    #[doc(hidden)]
+    pub fn __fail_next_delivery_spawns(&self, n: usize) {
+        self.inner().lock().inject_delivery_spawn_failures(n);
+    }
 }
 
 /// A weak handle to an [`Offloader`], from [`Offloader::downgrade`]: it

@@ -1049,19 +1049,45 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
 // (h) the stuck-job warning
 // ---------------------------------------------------------------------------
 
+/// What the monitor reported of one stuck job: the job's span name, the
+/// level, the message, and its `running_for` field.
+type StuckReport = (Option<String>, tracing::Level, String, Option<Duration>);
+
 /// A minimal `tracing` subscriber that records, for every event whose
 /// message mentions "stuck", the `name` field of the span it belongs to.
 #[derive(Default)]
 struct StuckRecorder {
     next_span: AtomicU64,
     span_names: Mutex<HashMap<u64, String>>,
-    stuck: Mutex<Vec<(Option<String>, tracing::Level, String)>>,
+    stuck: Mutex<Vec<StuckReport>>,
 }
 
 #[derive(Default)]
 struct Fields {
     message: Option<String>,
     name: Option<String>,
+    running_for: Option<Duration>,
+}
+
+/// Reads back a `Duration`'s `Debug` text (`1.5ms`, `20.000042s`, `7ns`),
+/// exactly: it prints every significant digit.
+fn parse_debug_duration(text: &str) -> Option<Duration> {
+    let at = text.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (number, unit) = text.split_at(at);
+    let unit_ns: u128 = match unit {
+        "s" => 1_000_000_000,
+        "ms" => 1_000_000,
+        "µs" => 1_000,
+        "ns" => 1,
+        _ => return None,
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let mut ns = whole.parse::<u128>().ok()? * unit_ns;
+    if !fraction.is_empty() {
+        let scale = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
+        ns += fraction.parse::<u128>().ok()? * unit_ns / scale;
+    }
+    Some(Duration::from_nanos(u64::try_from(ns).ok()?))
 }
 
 impl tracing::field::Visit for Fields {
@@ -1069,6 +1095,7 @@ impl tracing::field::Visit for Fields {
         match field.name() {
             "message" => self.message = Some(format!("{value:?}")),
             "name" => self.name = Some(format!("{value:?}")),
+            "running_for" => self.running_for = parse_debug_duration(&format!("{value:?}")),
             _ => {}
         }
     }
@@ -1083,12 +1110,12 @@ impl tracing::field::Visit for Fields {
 }
 
 impl StuckRecorder {
-    fn stuck_reports_for(&self, job_name: &str) -> Vec<(Option<String>, tracing::Level, String)> {
+    fn stuck_reports_for(&self, job_name: &str) -> Vec<StuckReport> {
         self.stuck
             .lock()
             .unwrap()
             .iter()
-            .filter(|(name, _, _)| name.as_deref() == Some(job_name))
+            .filter(|(name, ..)| name.as_deref() == Some(job_name))
             .cloned()
             .collect()
     }
@@ -1134,11 +1161,12 @@ impl tracing::Subscriber for Global {
                 .get(&id.into_u64())
                 .cloned()
         });
-        self.0
-            .stuck
-            .lock()
-            .unwrap()
-            .push((job, *event.metadata().level(), message));
+        self.0.stuck.lock().unwrap().push((
+            job,
+            *event.metadata().level(),
+            message,
+            fields.running_for,
+        ));
     }
 
     fn enter(&self, _span: &tracing::span::Id) {}
@@ -1156,13 +1184,17 @@ fn stuck_recorder() -> &'static StuckRecorder {
     })
 }
 
+/// A job held past `stuck_after` is reported once, at WARN, and only once
+/// it has run longer than the threshold (`State::newly_stuck`): the report's
+/// `running_for` is past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
     const NAME: &str = "stuck-probe";
+    const STUCK_AFTER: Duration = Duration::from_millis(20);
     let recorder = stuck_recorder();
     let pool = Offloader::builder()
         .max_in_flight(1)
-        .stuck_after(Duration::from_millis(20))
+        .stuck_after(STUCK_AFTER)
         .build()
         .expect("valid configuration");
     let (gate, hold) = gate();
@@ -1204,6 +1236,8 @@ async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
         "exactly one stuck report expected: {reports:?}"
     );
     assert_eq!(reports[0].1, tracing::Level::WARN, "{reports:?}");
+    let running_for = reports[0].3.expect("a running_for field");
+    assert!(running_for > STUCK_AFTER, "reported too early: {reports:?}");
 }
 
 // ---------------------------------------------------------------------------

@@ -196,6 +196,7 @@ pub(crate) struct State {
     /// The observer's delivery thread is alive.
     delivery: bool,
     inject_spawn_failures: usize,
+    inject_delivery_spawn_failures: usize,
     /// The last worker spawn failed (and none succeeded since).
     spawn_blocked: bool,
     /// Handles of live pool threads (workers and the monitor), by slot.
@@ -241,6 +242,7 @@ impl State {
             monitor: false,
             delivery: false,
             inject_spawn_failures: 0,
+            inject_delivery_spawn_failures: 0,
             spawn_blocked: false,
             threads: Slab::default(),
             exited: Vec::new(),

@@ -73,6 +73,20 @@ impl State {
         self.inject_spawn_failures = n;
     }
 
+    /// Test hook: whether this delivery-thread spawn should fail as if the
+    /// OS refused it.
+    pub(crate) fn injected_delivery_spawn_failure(&mut self) -> bool {
+        if self.inject_delivery_spawn_failures == 0 {
+            return false;
+        }
+        self.inject_delivery_spawn_failures -= 1;
+        true
+    }
+
+    pub(crate) fn inject_delivery_spawn_failures(&mut self, n: usize) {
+        self.inject_delivery_spawn_failures = n;
+    }
+
     /// The worker will look at the queue again before it parks.
     pub(crate) fn begin_search(&mut self) {
         self.searching += 1;

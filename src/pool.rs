@@ -315,7 +315,14 @@ impl Inner {
     fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>) -> Result<(), Rejected> {
         let mut after = After::default();
         let mut s = self.lock();
-        s.admit()?;
+        // Before admission: events waiting for a delivery thread that
+        // failed to spawn would otherwise hold admission back for good.
+        let delivery_error = self.ensure_delivery(&mut s);
+        if let Err(refused) = s.admit() {
+            drop(s);
+            warn_delivery(delivery_error);
+            return Err(refused);
+        }
         let worker = s.find_worker();
         let spawn_error = match self.provide_worker(&mut s, worker, &mut after) {
             Ok(()) => None,
@@ -328,15 +335,12 @@ impl Inner {
             Err(e) => Some(e),
         };
         let monitor_error = self.ensure_monitor(&mut s);
-        let delivery_error = self.ensure_delivery(&mut s);
         s.accept(task.clone(), &mut after);
         drop(s);
         if let Some(e) = monitor_error {
             tracing::warn!(error = %e, "could not spawn the stuck-job monitor; stuck jobs go unreported");
         }
-        if let Some(e) = delivery_error {
-            tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job");
-        }
+        warn_delivery(delivery_error);
         tracing::trace!(parent: &task.core().span(), "accepted");
         if let Some(e) = spawn_error {
             tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
@@ -430,18 +434,32 @@ impl Inner {
 
     /// A graceful shutdown; `true` if this call started it. The global
     /// pool ignores it.
-    pub(crate) fn shutdown(&self) -> bool {
+    pub(crate) fn shutdown(self: &Arc<Self>) -> bool {
         if self.config.global {
             tracing::debug!("the global offloader ignores shutdown requests");
             return false;
         }
         let mut after = After::default();
-        let started = self.lock().begin_shutdown(&mut after);
+        let (started, delivery_error) = {
+            let mut s = self.lock();
+            let started = s.begin_shutdown(&mut after);
+            // Undelivered events keep the pool from terminating: if their
+            // thread failed to spawn, this is the last chance to try again.
+            (started, self.ensure_delivery(&mut s))
+        };
         self.after(after);
+        warn_delivery(delivery_error);
         if started {
             tracing::debug!("offloader shutting down: new jobs are refused, queued jobs still run");
         }
         started
+    }
+}
+
+/// Logs a failed spawn of the observer's delivery thread (outside the lock).
+fn warn_delivery(error: Option<std::io::Error>) {
+    if let Some(e) = error {
+        tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job or the shutdown");
     }
 }
 

@@ -72,6 +72,62 @@ async fn a_failed_delivery_spawn_is_retried_by_the_next_job() {
     assert_ledger(&m);
 }
 
+/// Events held back by a delivery thread that failed to spawn do not hold
+/// admission back for good: the next caller's attempt spawns the thread
+/// again before admission is decided, so a waiting `submit` gets in once
+/// the events are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stranded_by_a_failed_delivery_spawn_do_not_block_admission() {
+    let log = Arc::new(Log::default());
+    let pool = builder(1, 4)
+        .observer(log.clone())
+        .observer_lag(2)
+        .build()
+        .expect("valid configuration");
+    pool.__fail_next_delivery_spawns(1);
+    let first = pool.offload(|_| 1).spawn().expect("accepted");
+    assert_eq!(within("the first job", first).await.unwrap(), 1);
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (0, 3), "{m:?}");
+    // Over the lag, with no thread to deliver: `submit` waits for room.
+    let second = within("admission", pool.offload(|_| 2).submit())
+        .await
+        .expect("admitted once the events were delivered");
+    assert_eq!(within("the second job", second).await.unwrap(), 2);
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (6, 0), "{m:?}");
+    assert_ledger(&m);
+}
+
+/// A delivery thread that failed to spawn, with no job after it, does not
+/// keep the pool from terminating: the shutdown spawns it again and the
+/// waiting events are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_delivers_events_stranded_by_a_failed_delivery_spawn() {
+    let log = Arc::new(Log::default());
+    let pool = builder(1, 4)
+        .observer(log.clone())
+        .build()
+        .expect("valid configuration");
+    pool.__fail_next_delivery_spawns(1);
+    let only = pool.offload(|_| 1).spawn().expect("accepted");
+    let id = only.id();
+    assert_eq!(within("the job", only).await.unwrap(), 1);
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    assert_eq!(
+        log.kinds(id),
+        [
+            EventKind::Accepted,
+            EventKind::Started,
+            EventKind::Finished(JobState::Completed)
+        ]
+    );
+    assert_ledger(&pool.metrics());
+}
+
 /// A waker that, when woken, says so and then blocks its thread on a gate.
 struct Blocks(UnboundedSender<()>, Hold);
 

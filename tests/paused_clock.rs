@@ -15,6 +15,10 @@ use std::time::Duration;
 use offloader::{Error, Offloader};
 use support::{gate, recv, signal, HANG};
 
+/// The tests of this binary run one at a time: two of them count the
+/// process's threads, which the others' pools and runtimes would change.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The real time a job takes.
 const WORK: Duration = Duration::from_millis(100);
 
@@ -27,6 +31,7 @@ fn work(v: u32) -> impl FnOnce(&offloader::StopToken) -> u32 + Send + 'static {
 
 #[tokio::test(start_paused = true)]
 async fn with_timeout_waits_for_real_work_under_a_paused_clock() {
+    let _serial = SERIAL.lock().await;
     let pool = Offloader::builder().build().unwrap();
     let began = tokio::time::Instant::now();
     let v = pool
@@ -63,6 +68,7 @@ async fn with_timeout_waits_for_real_work_under_a_paused_clock() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timeout_fires_and_reports_in_virtual_time() {
+    let _serial = SERIAL.lock().await;
     let pool = Offloader::builder().build().unwrap();
     let (g, hold) = gate();
     let (tx, mut started) = signal();
@@ -95,6 +101,7 @@ async fn a_timeout_fires_and_reports_in_virtual_time() {
 
 #[tokio::test(start_paused = true)]
 async fn close_and_await_termination_wait_for_real_work_under_a_paused_clock() {
+    let _serial = SERIAL.lock().await;
     let pool = Offloader::builder().max_in_flight(2).build().unwrap();
     for i in 0..4 {
         pool.offload(work(i)).spawn().unwrap().detach();
@@ -113,6 +120,7 @@ async fn close_and_await_termination_wait_for_real_work_under_a_paused_clock() {
 
 #[tokio::test(start_paused = true)]
 async fn a_submit_waiting_for_room_keeps_its_timeout_in_virtual_time() {
+    let _serial = SERIAL.lock().await;
     let pool = Offloader::builder()
         .max_in_flight(1)
         .queue_capacity(1)
@@ -135,6 +143,7 @@ async fn a_submit_waiting_for_room_keeps_its_timeout_in_virtual_time() {
 /// or `idle()`: as with `spawn_blocking`, the pool work holds the clock.
 #[tokio::test(start_paused = true)]
 async fn a_users_own_timeout_around_pool_work_holds_the_clock() {
+    let _serial = SERIAL.lock().await;
     let pool = Offloader::builder().build().unwrap();
     let v = tokio::time::timeout(Duration::from_millis(10), pool.offload(work(1)))
         .await
@@ -160,6 +169,7 @@ fn threads() -> usize {
 /// task for the pool, not one thread each (second hostile review).
 #[tokio::test(start_paused = true)]
 async fn many_waiting_callers_hold_the_clock_with_one_task() {
+    let _serial = SERIAL.lock().await;
     let pool = Offloader::builder().max_in_flight(2).build().unwrap();
     let (g, hold) = gate();
     let (tx, started) = std::sync::mpsc::channel();
@@ -199,6 +209,7 @@ async fn many_waiting_callers_hold_the_clock_with_one_task() {
 /// real time: it is not mistaken for a paused one.
 #[tokio::test]
 async fn a_resumed_clock_is_not_held() {
+    let _serial = SERIAL.lock().await;
     tokio::time::pause();
     tokio::time::advance(Duration::from_secs(1)).await;
     tokio::time::resume();

@@ -128,6 +128,31 @@ async fn a_shutdown_delivers_events_stranded_by_a_failed_delivery_spawn() {
     assert_ledger(&pool.metrics());
 }
 
+/// A terminated pool with an observer stays terminated: a refused offload
+/// and a second shutdown start no delivery thread (nothing is left to
+/// deliver).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_observed_pool_stays_terminated() {
+    let log = Arc::new(Log::default());
+    let pool = builder(1, 4)
+        .observer(log.clone())
+        .build()
+        .expect("valid configuration");
+    assert_eq!(within("a job", pool.offload(|_| 1)).await.unwrap(), 1);
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    assert!(pool.is_terminated());
+    let refused = pool.offload(|_| 2).spawn();
+    assert!(
+        matches!(refused, Err(ref e) if matches!(e.reason(), Rejected::ShuttingDown)),
+        "refused after shutdown"
+    );
+    assert!(pool.is_terminated(), "a refused offload started a thread");
+    pool.shutdown();
+    assert!(pool.is_terminated(), "a second shutdown started a thread");
+    assert_ledger(&pool.metrics());
+}
+
 /// A waker that, when woken, says so and then blocks its thread on a gate.
 struct Blocks(UnboundedSender<()>, Hold);
 

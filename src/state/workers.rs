@@ -190,9 +190,16 @@ impl State {
         !std::mem::replace(&mut self.monitor, true)
     }
 
-    /// Marks the delivery thread started; `false` if it already runs.
+    /// Marks the delivery thread started; `false` if it already runs, or
+    /// if it has nothing to do: the pool is shut down and every event is
+    /// delivered (a refused job or a second shutdown starts no thread, and a
+    /// terminated pool stays terminated).
     pub(crate) fn delivery_starting(&mut self) -> bool {
-        self.observe && !std::mem::replace(&mut self.delivery, true)
+        if !self.observe || self.delivery || (self.shutdown && self.events.is_drained()) {
+            return false;
+        }
+        self.delivery = true;
+        true
     }
 
     /// The delivery thread in `slot` exits; returns earlier retirees to

@@ -72,19 +72,6 @@ async fn threads_exit(name: &str) {
     }
 }
 
-/// A field of /proc/self/status, in KiB.
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
-}
-
 /// Re-runs this test binary, filtered to the ignored child test `test`,
 /// optionally under a shell prefix (`ulimit ...`). Returns its stdout;
 /// fails if the child failed.

@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,50 +16,6 @@ use offloader::{
     AbandonPolicy, Error, EventKind, Fate, JobEvent, JobId, JobState, Observer, Offloader,
 };
 use support::*;
-
-/// Records every event it is given.
-#[derive(Default)]
-struct Log(Mutex<Vec<JobEvent>>);
-
-impl Observer for Log {
-    fn on_event(&self, event: &JobEvent) {
-        self.0.lock().unwrap().push(event.clone());
-    }
-}
-
-impl Log {
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-
-    fn kinds(&self, id: JobId) -> Vec<EventKind> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| e.id == id)
-            .map(|e| e.kind)
-            .collect()
-    }
-
-    fn names(&self, id: JobId) -> Vec<Option<String>> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| e.id == id)
-            .map(|e| e.name.as_deref().map(str::to_owned))
-            .collect()
-    }
-
-    fn by_job(&self) -> BTreeMap<JobId, Vec<EventKind>> {
-        let mut map: BTreeMap<JobId, Vec<EventKind>> = BTreeMap::new();
-        for e in self.0.lock().unwrap().iter() {
-            map.entry(e.id).or_default().push(e.kind);
-        }
-        map
-    }
-}
 
 fn observed(max_in_flight: usize, observer: Arc<dyn Observer>) -> Offloader {
     builder(max_in_flight, 16)

@@ -6,33 +6,37 @@
 mod support;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 
-use offloader::{EventKind, JobEvent, JobId, JobState, Observer, Rejected};
+use offloader::{EventKind, JobEvent, JobId, JobState, Observer, Offloader, Rejected};
 use support::*;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Records every event it is given.
-#[derive(Default)]
-struct Log(Mutex<Vec<JobEvent>>);
+/// The life of a job that ran to completion, as the observer sees it.
+const COMPLETED_LIFE: [EventKind; 3] = [
+    EventKind::Accepted,
+    EventKind::Started,
+    EventKind::Finished(JobState::Completed),
+];
 
-impl Observer for Log {
-    fn on_event(&self, event: &JobEvent) {
-        self.0.lock().unwrap().push(event.clone());
+/// An observed pool (`observer_lag` as given, else the default) whose
+/// delivery thread failed to spawn, after one job ran: its three events
+/// wait, none delivered. Returns the pool, the observer's log and the job.
+async fn stranded_events(lag: Option<usize>) -> (Offloader, Arc<Log>, JobId) {
+    let log = Arc::new(Log::default());
+    let mut b = builder(1, 4).observer(log.clone());
+    if let Some(lag) = lag {
+        b = b.observer_lag(lag);
     }
-}
-
-impl Log {
-    fn kinds(&self, id: JobId) -> Vec<EventKind> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| e.id == id)
-            .map(|e| e.kind)
-            .collect()
-    }
+    let pool = b.build().expect("valid configuration");
+    pool.__fail_next_delivery_spawns(1);
+    let first = pool.offload(|_| 1).spawn().expect("accepted");
+    let id = first.id();
+    assert_eq!(within("the first job", first).await.unwrap(), 1);
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (0, 3), "{m:?}");
+    (pool, log, id)
 }
 
 /// The observer's delivery thread failing to spawn does not strand the
@@ -41,32 +45,14 @@ impl Log {
 /// not leave the delivery thread counted as alive: `State::delivery_gone`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_delivery_spawn_is_retried_by_the_next_job() {
-    let log = Arc::new(Log::default());
-    let pool = builder(1, 4)
-        .observer(log.clone())
-        .build()
-        .expect("valid configuration");
-    pool.__fail_next_delivery_spawns(1);
-    let first = pool.offload(|_| 1).spawn().expect("accepted");
-    let first_id = first.id();
-    assert_eq!(within("the first job", first).await.unwrap(), 1);
-    // No delivery thread: its three events wait.
-    let m = pool.metrics();
-    assert_eq!((m.events_delivered, m.events_pending), (0, 3), "{m:?}");
-
+    let (pool, log, first_id) = stranded_events(None).await;
     let second = pool.offload(|_| 2).spawn().expect("accepted");
     let second_id = second.id();
     assert_eq!(within("the second job", second).await.unwrap(), 2);
     pool.shutdown();
     within("termination", pool.terminated()).await;
-
-    let done = [
-        EventKind::Accepted,
-        EventKind::Started,
-        EventKind::Finished(JobState::Completed),
-    ];
-    assert_eq!(log.kinds(first_id), done);
-    assert_eq!(log.kinds(second_id), done);
+    assert_eq!(log.kinds(first_id), COMPLETED_LIFE);
+    assert_eq!(log.kinds(second_id), COMPLETED_LIFE);
     let m = pool.metrics();
     assert_eq!((m.events_delivered, m.events_pending), (6, 0), "{m:?}");
     assert_ledger(&m);
@@ -78,17 +64,7 @@ async fn a_failed_delivery_spawn_is_retried_by_the_next_job() {
 /// the events are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_stranded_by_a_failed_delivery_spawn_do_not_block_admission() {
-    let log = Arc::new(Log::default());
-    let pool = builder(1, 4)
-        .observer(log.clone())
-        .observer_lag(2)
-        .build()
-        .expect("valid configuration");
-    pool.__fail_next_delivery_spawns(1);
-    let first = pool.offload(|_| 1).spawn().expect("accepted");
-    assert_eq!(within("the first job", first).await.unwrap(), 1);
-    let m = pool.metrics();
-    assert_eq!((m.events_delivered, m.events_pending), (0, 3), "{m:?}");
+    let (pool, _log, _) = stranded_events(Some(2)).await;
     // Over the lag, with no thread to deliver: `submit` waits for room.
     let second = within("admission", pool.offload(|_| 2).submit())
         .await
@@ -106,25 +82,10 @@ async fn events_stranded_by_a_failed_delivery_spawn_do_not_block_admission() {
 /// waiting events are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_delivers_events_stranded_by_a_failed_delivery_spawn() {
-    let log = Arc::new(Log::default());
-    let pool = builder(1, 4)
-        .observer(log.clone())
-        .build()
-        .expect("valid configuration");
-    pool.__fail_next_delivery_spawns(1);
-    let only = pool.offload(|_| 1).spawn().expect("accepted");
-    let id = only.id();
-    assert_eq!(within("the job", only).await.unwrap(), 1);
+    let (pool, log, id) = stranded_events(None).await;
     pool.shutdown();
     within("termination", pool.terminated()).await;
-    assert_eq!(
-        log.kinds(id),
-        [
-            EventKind::Accepted,
-            EventKind::Started,
-            EventKind::Finished(JobState::Completed)
-        ]
-    );
+    assert_eq!(log.kinds(id), COMPLETED_LIFE);
     assert_ledger(&pool.metrics());
 }
 
@@ -398,19 +359,6 @@ const ROUNDS: usize = 200_000;
 /// RSS may grow this much over those rounds; the tombstones of every
 /// round, kept, would take several times more.
 const TOMBSTONE_SLACK_KIB: u64 = 16 * 1024;
-
-/// A field of /proc/self/status, in KiB.
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
-}
 
 /// Cancelled jobs left in the queue as tombstones are let go of once they
 /// outnumber the queued jobs, even while the queue's head cannot start: a

@@ -15,7 +15,9 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, Once, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use offloader::{Builder, JobHandle, Metrics, Offloader, StopToken};
+use offloader::{
+    Builder, EventKind, JobEvent, JobHandle, JobId, Metrics, Observer, Offloader, StopToken,
+};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// Bound on any wait that must complete; reached only if the library hangs.
@@ -358,4 +360,62 @@ pub(crate) fn quiet_deliberate_panics() {
             }
         }));
     });
+}
+
+/// An observer that records every event it is given.
+#[derive(Default)]
+pub(crate) struct Log(pub(crate) Mutex<Vec<JobEvent>>);
+
+impl Observer for Log {
+    fn on_event(&self, event: &JobEvent) {
+        self.0.lock().unwrap().push(event.clone());
+    }
+}
+
+impl Log {
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    pub(crate) fn kinds(&self, id: JobId) -> Vec<EventKind> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.id == id)
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    pub(crate) fn names(&self, id: JobId) -> Vec<Option<String>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.id == id)
+            .map(|e| e.name.as_deref().map(str::to_owned))
+            .collect()
+    }
+
+    pub(crate) fn by_job(&self) -> std::collections::BTreeMap<JobId, Vec<EventKind>> {
+        let mut map: std::collections::BTreeMap<JobId, Vec<EventKind>> =
+            std::collections::BTreeMap::new();
+        for e in self.0.lock().unwrap().iter() {
+            map.entry(e.id).or_default().push(e.kind);
+        }
+        map
+    }
+}
+
+/// A field of /proc/self/status, in KiB.
+pub(crate) fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }

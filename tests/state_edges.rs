@@ -401,3 +401,73 @@ fn tombstones_are_let_go_of_behind_a_held_permit() {
     blocker.blocking_wait().unwrap();
     assert_eq!(head.blocking_wait().unwrap(), "head");
 }
+
+/// Opens its gate when it sees a job that never started.
+struct OpenOnUnstarted(Gate);
+
+impl Observer for OpenOnUnstarted {
+    fn on_event(&self, event: &JobEvent) {
+        if event.kind == EventKind::NeverStarted {
+            self.0.open();
+        }
+    }
+}
+
+/// `shutdown_now` drains the queue a chunk at a time and lets go of the
+/// lock between chunks: every job queued when it began comes back
+/// unstarted, in submission order, across chunk boundaries and tombstones,
+/// even when permits free in the middle of the drain (the first chunk's
+/// events open the gate the running jobs wait on): once the drain has
+/// begun, no start takes a queued job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_drains_in_chunks_and_nothing_starts_meanwhile() {
+    const N: usize = 50_000;
+    let (g, hold) = gate();
+    let pool = builder(2, N)
+        .observer(Arc::new(OpenOnUnstarted(g)))
+        .observer_lag(4 * N)
+        .build()
+        .expect("valid configuration");
+    let (tx, mut started) = signal();
+    let running: Vec<_> = (0..2)
+        .map(|_| {
+            let (hold, tx) = (hold.clone(), tx.clone());
+            pool.offload(move |_| {
+                tx.send(()).unwrap();
+                hold.wait();
+            })
+            .spawn()
+            .expect("accepted")
+        })
+        .collect();
+    recv("the first permit's job", &mut started).await;
+    recv("the second permit's job", &mut started).await;
+    let handles: Vec<_> = (0..N)
+        .map(|i| pool.offload(move |_| i).spawn().expect("accepted"))
+        .collect();
+    // Every third job cancelled: tombstones, fewer than the queued jobs,
+    // stay linked between the jobs the drain returns.
+    let mut kept = Vec::new();
+    for (i, h) in handles.iter().enumerate() {
+        if i % 3 == 0 {
+            assert!(h.cancel());
+        } else {
+            kept.push(h.id());
+        }
+    }
+    let unstarted: Vec<JobId> = pool.shutdown_now().into_iter().map(|u| u.id).collect();
+    assert_eq!(
+        unstarted.len(),
+        kept.len(),
+        "nothing started during the drain"
+    );
+    assert!(unstarted == kept, "in submission order");
+    for h in running {
+        within("a running job", h).await.unwrap();
+    }
+    within("terminated", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!(m.completed, 2, "{m:?}");
+    assert_eq!(m.unstarted as usize, kept.len(), "{m:?}");
+    assert_ledger(&m);
+}

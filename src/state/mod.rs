@@ -80,13 +80,6 @@ pub(crate) struct After {
     pub(crate) dead: Vec<Arc<dyn Task>>,
 }
 
-/// What an immediate shutdown took from the queue, and the running jobs it
-/// asks to stop.
-pub(crate) struct Drained {
-    pub(crate) unstarted: Vec<Arc<dyn Task>>,
-    pub(crate) running: Vec<Arc<dyn Task>>,
-}
-
 impl After {
     /// Whether carrying this out runs foreign code (waiters' wakers).
     pub(crate) fn runs_foreign_code(&self) -> bool {
@@ -191,6 +184,8 @@ pub(crate) struct State {
     /// Running functions blocked waiting for a queued job of this pool.
     own_waiters: usize,
     shutdown: bool,
+    /// An immediate shutdown is draining the queue: nothing starts.
+    draining: bool,
     /// The stuck-job monitor thread is alive.
     monitor: bool,
     /// The observer's delivery thread is alive.
@@ -239,6 +234,7 @@ impl State {
             settle_waiters: 0,
             own_waiters: 0,
             shutdown: false,
+            draining: false,
             monitor: false,
             delivery: false,
             inject_spawn_failures: 0,
@@ -323,6 +319,9 @@ impl State {
     /// Transition *start*: pops the next queued job and moves it to
     /// `Running`, taking its permit (S1, S2).
     pub(crate) fn start(&mut self, after: &mut After) -> Option<Arc<dyn Task>> {
+        if self.draining {
+            return None;
+        }
         if self.queued == 0 {
             self.unlink_tombstones(after);
             return None;
@@ -398,12 +397,25 @@ impl State {
         true
     }
 
-    /// Transition *drain-unstarted* (immediate shutdown): moves every queued
-    /// job to `Unstarted` and unlinks it. Returns them (to be discarded
-    /// after unlocking) and the running jobs (to be asked to stop).
-    pub(crate) fn drain_unstarted(&mut self, after: &mut After) -> Drained {
-        let mut drained = Vec::with_capacity(self.queued);
-        while let Some(key) = self.jobs.pop_front(&mut self.queue) {
+    /// Transition *drain-unstarted* (immediate shutdown), up to `max` jobs
+    /// at a time: moves queued jobs to `Unstarted`, unlinks them and
+    /// appends them to `into` (to be discarded after unlocking). From the
+    /// first call on, [`start`](Self::start) takes nothing, so every job
+    /// queued then is drained, even across several critical sections. Once
+    /// the queue is empty, returns the running jobs (to be asked to stop).
+    pub(crate) fn drain_unstarted(
+        &mut self,
+        into: &mut Vec<Arc<dyn Task>>,
+        max: usize,
+        after: &mut After,
+    ) -> Option<Vec<Arc<dyn Task>>> {
+        debug_assert!(self.shutdown, "inv. 3: nothing joins the queue now");
+        self.draining = true;
+        let mut left = max;
+        while left > 0 {
+            let Some(key) = self.jobs.pop_front(&mut self.queue) else {
+                break;
+            };
             let Some(task) = self.jobs.get(key) else {
                 continue;
             };
@@ -415,20 +427,20 @@ impl State {
             let Some(task) = self.jobs.remove(key) else {
                 continue;
             };
+            left -= 1;
             self.queued -= 1;
             self.counts.unstarted += 1;
             self.unpublished += 1;
             self.event(task.core(), EventKind::NeverStarted, after);
-            drained.push(task);
+            into.push(task);
+        }
+        self.hint.store(self.queued, Ordering::Release);
+        if !self.queue.is_empty() {
+            return None;
         }
         debug_assert_eq!((self.queued, self.tombstones), (0, 0), "S2");
-        self.hint.store(0, Ordering::Release);
-        let running = self.jobs.iter(&self.running).cloned().collect();
         self.settle_check(after);
-        Drained {
-            unstarted: drained,
-            running,
-        }
+        Some(self.jobs.iter(&self.running).cloned().collect())
     }
 
     /// Transition *caller-left*: a caller stopped waiting for `core`.

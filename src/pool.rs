@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::config::{Builder, Config};
 use crate::error::{BuildError, Error, Rejected};
-use crate::id::JobId;
+use crate::id::{JobId, JobState};
 use crate::job::{Job, Task};
 use crate::job_core::JobCore;
 use crate::metrics::Metrics;
@@ -352,6 +352,12 @@ impl Inner {
     /// Cancels job `task` if it is still queued; `true` if this call did it.
     pub(crate) fn cancel(&self, task: &dyn Task) -> bool {
         let core = task.core();
+        // A job never returns to `Queued`: if it has left, the cancel fails
+        // without the lock. Otherwise this read also takes the job's cache
+        // miss before the lock, not while holding it.
+        if core.state() != JobState::Queued {
+            return false;
+        }
         let mut after = After::default();
         if !self.lock().cancel_queued(core, &mut after) {
             return false;

@@ -1,0 +1,76 @@
+//! Admission: whether a new job may join the queue, and the *accept*
+//! transition that appends it (invariant 8 of `docs/ARCHITECTURE.md`: the
+//! queue bound counts only jobs waiting for a permit).
+
+use std::sync::atomic::Ordering;
+
+use super::{After, State};
+use crate::error::Rejected;
+use crate::job::Task;
+use crate::observer::EventKind;
+use crate::sync::Arc;
+
+impl State {
+    /// Whether a new job may be accepted: not shut down (a refusal then is
+    /// counted here), and fewer than `queue_capacity` jobs *waiting for a
+    /// permit*: queued jobs that a free permit will start at once are not
+    /// waiting.
+    pub(crate) fn admit(&mut self) -> Result<(), Rejected> {
+        if self.shutdown {
+            self.counts.rejected_shutdown += 1;
+            return Err(Rejected::ShuttingDown);
+        }
+        if self.waiting_for_permit() >= self.queue_capacity {
+            return Err(Rejected::Full {
+                capacity: self.queue_capacity,
+            });
+        }
+        if self.observe && self.events.lag() >= self.observer_lag {
+            return Err(Rejected::ObserverBehind {
+                lag: self.events.lag(),
+            });
+        }
+        Ok(())
+    }
+
+    /// How far the observer lags, if that (and not a full queue) is what
+    /// holds admission back now.
+    pub(crate) fn observer_behind(&self) -> Option<usize> {
+        let behind = self.observe && self.events.lag() >= self.observer_lag;
+        let full = self.waiting_for_permit() >= self.queue_capacity;
+        (behind && !full).then(|| self.events.lag())
+    }
+
+    /// Queued jobs beyond the permits that are free now and have a worker
+    /// to run them: while the OS refuses new threads, only the workers that
+    /// exist count.
+    fn waiting_for_permit(&self) -> usize {
+        let startable = if self.spawn_blocked {
+            self.workers.saturating_sub(self.running.len())
+        } else {
+            self.max_in_flight.saturating_sub(self.running.len())
+        };
+        self.queued.saturating_sub(startable)
+    }
+
+    /// Transition *accept*: appends `task` to the queue and counts it.
+    pub(crate) fn accept(&mut self, task: Arc<dyn Task>, after: &mut After) {
+        self.counts.accepted += 1;
+        self.event(task.core(), EventKind::Accepted, after);
+        let key = self.jobs.insert(task.clone());
+        task.core().set_key(key);
+        self.jobs.push_back(&mut self.queue, key);
+        self.queued += 1;
+        self.hint.store(self.queued, Ordering::Release);
+    }
+
+    /// Counts a refusal the caller reports: a full queue, for good.
+    pub(crate) fn count_full(&mut self) {
+        self.counts.rejected_full += 1;
+    }
+
+    /// Counts a refusal for an observer that fell behind.
+    pub(crate) fn count_observer_behind(&mut self) {
+        self.counts.rejected_observer += 1;
+    }
+}

@@ -226,6 +226,11 @@ pub enum Rejected {
     /// A worker thread was needed and could not be spawned.
     #[error("no worker thread could be spawned to run it: {0}")]
     ThreadSpawn(#[source] std::io::Error),
+    /// The job was offloaded through a [`JobGroup`](crate::JobGroup) that
+    /// has been stopped (or closed), or whose ancestor has. Counted in the
+    /// group's [`GroupMetrics::rejected`](crate::GroupMetrics::rejected).
+    #[error("the job group was stopped and accepts no new jobs")]
+    GroupStopped,
 }
 
 impl Rejected {
@@ -240,6 +245,7 @@ impl Rejected {
                 waited: *waited,
             },
             Rejected::ShuttingDown => Rejected::ShuttingDown,
+            Rejected::GroupStopped => Rejected::GroupStopped,
             Rejected::ObserverBehind { lag } => Rejected::ObserverBehind { lag: *lag },
             Rejected::ThreadSpawn(e) => {
                 Rejected::ThreadSpawn(std::io::Error::new(e.kind(), e.to_string()))

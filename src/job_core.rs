@@ -13,6 +13,29 @@ use crate::sync::{AtomicBool, AtomicU8, Ordering};
 pub(crate) struct Extras {
     pub(crate) name: Option<std::sync::Arc<str>>,
     pub(crate) deadline: Option<Instant>,
+    pub(crate) group: Option<Membership>,
+}
+
+/// A job's place in a job group (state/groups.rs).
+pub(crate) struct Membership {
+    /// The group's key in the pool's group slab; fixed for the job's life
+    /// (the group's record outlives its unpublished jobs).
+    pub(crate) group: Key,
+    /// The job's key in the group's member slab while it is queued or
+    /// running. Read and written only under the pool lock.
+    member: AtomicU32,
+}
+
+impl Membership {
+    pub(crate) fn member(&self) -> Key {
+        // ORDERING: written and read under the pool lock only.
+        self.member.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_member(&self, key: Key) {
+        // ORDERING: written and read under the pool lock only.
+        self.member.store(key, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Flag bits in [`JobCore::flags`].
@@ -41,9 +64,19 @@ impl JobCore {
         id: JobId,
         name: Option<std::sync::Arc<str>>,
         deadline: Option<Instant>,
+        group: Option<Key>,
     ) -> Self {
-        let extras =
-            (name.is_some() || deadline.is_some()).then(|| Box::new(Extras { name, deadline }));
+        let group = group.map(|group| Membership {
+            group,
+            member: AtomicU32::new(0),
+        });
+        let extras = (name.is_some() || deadline.is_some() || group.is_some()).then(|| {
+            Box::new(Extras {
+                name,
+                deadline,
+                group,
+            })
+        });
         JobCore {
             id,
             time: AtomicU64::new(now_ns()),
@@ -116,6 +149,11 @@ impl JobCore {
     pub(crate) fn clock_at(&self, now: u64) -> Duration {
         let since = self.time.load(std::sync::atomic::Ordering::Relaxed);
         Duration::from_nanos(now.saturating_sub(since))
+    }
+
+    /// The job's place in a job group, if it was offloaded through one.
+    pub(crate) fn membership(&self) -> Option<&Membership> {
+        self.extras.as_ref()?.group.as_ref()
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {

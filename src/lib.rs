@@ -333,6 +333,45 @@
 //! named in [`CloseReport::still_running`]; it keeps its thread and its permit
 //! until it returns, and nothing pretends otherwise.
 //!
+//! # Job groups
+//!
+//! A request rarely offloads one function. [`Offloader::group`] gives a
+//! [`JobGroup`]: offload through it as through the pool, then stop, await
+//! or close its jobs together without shutting the pool down.
+//! [`JobGroup::stop`] cancels the group's queued jobs (in one critical
+//! section: none of them starts afterwards) and sets the stop token of its
+//! running ones, which keep their permits until they return;
+//! [`JobGroup::idle`] waits until every job of the group is terminal;
+//! [`JobGroup::close`] is the staged version with a [`CloseReport`].
+//! Groups nest like cancel scopes ([`JobGroup::child`]): a parent's stop
+//! reaches every descendant, a child's stop stays below it, and a parent's
+//! [`GroupMetrics`] and idleness include its descendants' jobs. Dropping the
+//! last handle follows a [`GroupDropPolicy`] (default: the jobs go on).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = offloader::Offloader::builder().max_in_flight(4).build()?;
+//! let request = pool.group();
+//! let reads: Vec<_> = (0..20)
+//!     .map(|i| request.offload(move |_stop| i * 2).spawn())
+//!     .collect::<Result<_, _>>()?;
+//! let mut total = 0;
+//! for read in reads {
+//!     match read.await {
+//!         Ok(n) => total += n,
+//!         Err(e) => {
+//!             request.stop(); // the rest are cancelled or stopped
+//!             return Err(e.into());
+//!         }
+//!     }
+//! }
+//! request.idle().await;
+//! assert_eq!(total, 380);
+//! assert_eq!(request.metrics().completed, 20);
+//! # Ok(()) }
+//! ```
+//!
 //! # The lifecycle observer
 //!
 //! [`Builder::observer`] takes an [`Observer`] that sees every job's
@@ -432,6 +471,7 @@ mod delivery;
 mod pool;
 mod worker;
 
+mod group;
 mod handle;
 mod offload;
 mod shutdown;
@@ -444,12 +484,13 @@ pub use config::{
     DEFAULT_QUEUE_CAPACITY,
 };
 pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
+pub use group::JobGroup;
 pub use handle::JobHandle;
 pub use id::{JobId, JobState};
-pub use metrics::Metrics;
+pub use metrics::{GroupMetrics, Metrics};
 pub use observer::{EventKind, JobEvent, Observer};
 pub use offload::{Offload, OffloadFuture};
-pub use policy::AbandonPolicy;
+pub use policy::{AbandonPolicy, GroupDropPolicy};
 pub use pool::{Offloader, WeakOffloader};
 pub use report::{CloseReport, RunningJob, UnstartedJob};
 pub use stop::{StopCallback, StopToken, Stopped};

@@ -89,3 +89,58 @@ impl Metrics {
         self.accepted == self.queued + self.running + self.terminal()
     }
 }
+
+/// A consistent snapshot of a [`JobGroup`](crate::JobGroup)'s counters,
+/// from [`JobGroup::metrics`](crate::JobGroup::metrics). They cover the
+/// jobs offloaded through the group *and through its descendants*, and
+/// change under the pool lock with the job transitions they count, so
+/// `accepted = queued + running + terminal` holds in every snapshot, as for
+/// the pool's [`Metrics`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = offloader::Offloader::builder().build()?;
+/// let group = pool.group();
+/// group.offload(|_stop| 1).await?;
+/// let m = group.metrics();
+/// assert_eq!((m.accepted, m.completed), (1, 1));
+/// assert_eq!(m.accepted, m.queued + m.running + m.terminal());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupMetrics {
+    /// Jobs accepted through the group or a descendant.
+    pub accepted: u64,
+    /// Jobs refused because the group (or an ancestor) was stopped;
+    /// descendants' refusals are counted in their own metrics.
+    pub rejected: u64,
+    /// Of the accepted jobs, those waiting in the queue now.
+    pub queued: u64,
+    /// Of the accepted jobs, those whose function runs now (permits held).
+    pub running: u64,
+    /// Terminal: the function returned.
+    pub completed: u64,
+    /// Terminal: the function panicked.
+    pub panicked: u64,
+    /// Terminal: cancelled while queued (by a handle or a group stop).
+    pub cancelled: u64,
+    /// Terminal: handed back unstarted by an immediate shutdown of the pool.
+    pub unstarted: u64,
+    /// Whether the group has been stopped.
+    pub stopped: bool,
+}
+
+impl GroupMetrics {
+    /// Jobs in a terminal state: completed, panicked, cancelled or unstarted.
+    pub fn terminal(&self) -> u64 {
+        self.completed + self.panicked + self.cancelled + self.unstarted
+    }
+
+    /// `true` if `accepted = queued + running + terminal` holds. It always
+    /// does; tests assert it.
+    pub fn ledger_balances(&self) -> bool {
+        self.accepted == self.queued + self.running + self.terminal()
+    }
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Began, ClockHold};
 
 use crate::error::{Error, Rejected, SubmitError};
+use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
 use crate::job_core::JobCore;
@@ -53,6 +54,7 @@ pub struct Offload<F, T> {
     timeout: Option<Duration>,
     deadline: Option<Instant>,
     policy: Option<AbandonPolicy>,
+    group: Option<JobGroup>,
     _result: PhantomData<fn() -> T>,
 }
 
@@ -72,6 +74,23 @@ impl Offloader {
     }
 }
 
+impl JobGroup {
+    /// Prepares `f` to run on the group's pool as a job of this group: as
+    /// [`Offloader::offload`], and the group's [`stop`](JobGroup::stop),
+    /// [`idle`](JobGroup::idle), [`close`](JobGroup::close) and
+    /// [`metrics`](JobGroup::metrics) include it. Refused with
+    /// [`Rejected::GroupStopped`] once the group is stopped or closing.
+    pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
+    where
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut offload = Offload::new(self.pool.clone(), f);
+        offload.group = Some(self.clone());
+        offload
+    }
+}
+
 impl<F, T> Offload<F, T>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
@@ -85,6 +104,7 @@ where
             timeout: None,
             deadline: None,
             policy: None,
+            group: None,
             _result: PhantomData,
         }
     }
@@ -221,7 +241,8 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let core = JobCore::new(inner.next_id(), self.name.clone(), deadline);
+        let group = self.group.as_ref().map(JobGroup::key);
+        let core = JobCore::new(inner.next_id(), self.name.clone(), deadline, group);
         let job = Arc::new(Job::new(core, self.func));
         if let Err((reason, func)) = inner.submit(job.clone()) {
             let back = Offload {
@@ -231,6 +252,7 @@ where
                 timeout: self.timeout,
                 deadline: self.deadline,
                 policy: self.policy,
+                group: self.group,
                 _result: PhantomData,
             };
             return Err((reason, back));

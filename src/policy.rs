@@ -31,3 +31,21 @@ pub(crate) enum Departure {
     /// Its future was dropped.
     Dropped,
 }
+
+/// What dropping the last handle to a [`JobGroup`](crate::JobGroup) does to
+/// its jobs (and its descendants' jobs). Set with
+/// [`JobGroup::on_drop`](crate::JobGroup::on_drop).
+///
+/// Whatever the policy, a running function keeps its permit until it
+/// really returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GroupDropPolicy {
+    /// The jobs go on: queued ones still run, running ones run to
+    /// completion; owner handles still deliver their outcomes.
+    #[default]
+    LetRun,
+    /// As [`JobGroup::stop`](crate::JobGroup::stop): queued jobs are
+    /// cancelled, running ones get their stop token set.
+    Stop,
+}

@@ -318,7 +318,7 @@ impl Inner {
         // Before admission: events waiting for a delivery thread that
         // failed to spawn would otherwise hold admission back for good.
         let delivery_error = self.ensure_delivery(&mut s);
-        if let Err(refused) = s.admit() {
+        if let Err(refused) = s.admit().and_then(|()| s.group_admits(task.core())) {
             drop(s);
             warn_delivery(delivery_error);
             return Err(refused);
@@ -365,7 +365,7 @@ impl Inner {
         self.after(after);
         tracing::debug!(parent: &core.span(), "cancelled before start");
         task.discard();
-        self.published(1);
+        self.published_one(core);
         true
     }
 
@@ -389,10 +389,29 @@ impl Inner {
         left
     }
 
-    /// Settles `n` outcomes published outside the lock.
-    pub(crate) fn published(&self, n: usize) {
+    /// Discards the functions of jobs cancelled under the lock and settles
+    /// their outcomes.
+    pub(crate) fn discard_cancelled(&self, tasks: Vec<Arc<dyn Task>>) {
+        if tasks.is_empty() {
+            return;
+        }
+        for task in &tasks {
+            task.discard();
+        }
+        let groups = tasks
+            .iter()
+            .filter_map(|t| t.core().membership().map(|m| m.group));
         let mut after = After::default();
-        self.lock().published(n, &mut after);
+        self.lock().published_many(tasks.len(), groups, &mut after);
+        self.after(after);
+        crate::quiet::drop_quietly(tasks);
+    }
+
+    /// Settles the outcome of the job `core`, published outside the lock.
+    pub(crate) fn published_one(&self, core: &JobCore) {
+        let mut after = After::default();
+        self.lock()
+            .published_one(core.membership().map(|m| m.group), &mut after);
         self.after(after);
     }
 
@@ -415,7 +434,7 @@ impl Inner {
         match reason {
             Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => self.lock().count_full(),
             Rejected::ObserverBehind { .. } => self.lock().count_observer_behind(),
-            Rejected::ShuttingDown | Rejected::ThreadSpawn(_) => {}
+            Rejected::ShuttingDown | Rejected::ThreadSpawn(_) | Rejected::GroupStopped => {}
         }
     }
 

@@ -124,19 +124,20 @@ impl Offloader {
         let mut unstarted = Vec::with_capacity(inner.queue_hint.load(Ordering::Relaxed));
         let mut chunk = Vec::with_capacity(DRAIN_CHUNK);
         let mut done = 0;
+        // Group keys of the jobs published since the last lock.
+        let mut grouped = Vec::new();
         let running = loop {
             let mut after = After::default();
             let running = {
                 let mut s = inner.lock();
-                if done > 0 {
-                    s.published(done, &mut after);
-                }
+                s.published_many(done, grouped.drain(..), &mut after);
                 s.drain_unstarted(&mut chunk, DRAIN_CHUNK, &mut after)
             };
             inner.after(after);
             done = chunk.len();
             let now = crate::id::now_ns();
             unstarted.extend(chunk.drain(..).map(|task| {
+                grouped.extend(task.core().membership().map(|m| m.group));
                 let job = UnstartedJob::of(task.core(), now);
                 task.discard();
                 drop_quietly(task);
@@ -146,9 +147,9 @@ impl Offloader {
                 break running;
             }
         };
-        if done > 0 {
-            inner.published(done);
-        }
+        let mut after = After::default();
+        inner.lock().published_many(done, grouped, &mut after);
+        inner.after(after);
         for task in &running {
             inner.stop(&**task);
         }
@@ -332,7 +333,7 @@ impl Offloader {
 
 /// Waits until `settled` holds (inv. 2, async side). Retired threads that
 /// nobody joined yet are joined on the way, off the async thread.
-async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
+pub(crate) async fn wait(inner: &Arc<Inner>, settled: impl Fn(&State) -> bool) {
     refuse_on_delivery_thread(inner);
     // Counted so that transitions signal it (state.rs `settle_check`).
     let _registered = Waiting::new(inner, Waiters::Settle);

@@ -28,6 +28,10 @@ use crate::sync::{park_timeout, thread, Arc};
 /// back. Off under loom, whose scheduler cannot preempt a spin loop.
 pub(crate) const SPIN: bool = cfg!(not(loom));
 /// Callers spin for an outcome only while recent jobs ran shorter than this.
+/// An outcome this worker published that is still counted as unpublished
+/// (`Some`), with its job's group if it has one.
+type Owed = Option<Option<Key>>;
+
 const CALLER_SPIN_MAX_RUN_NS: u64 = 5_000;
 /// The longest a caller spins before it parks: well under the tens of
 /// microseconds an async task may run between awaits.
@@ -67,7 +71,7 @@ impl Inner {
         crate::sync::mark_pool_thread(Arc::as_ptr(&self) as usize, crate::sync::Role::Worker);
         // `owed`: this worker published an outcome still counted as
         // unpublished.
-        let mut owed = false;
+        let mut owed: Owed = None;
         let mut next = self.wait_for_work(me, slot, true, &mut owed);
         while let Some(task) = next {
             let core = task.core();
@@ -87,8 +91,8 @@ impl Inner {
                 ran = core.clock();
                 self.note_run_time(ran);
                 let mut s = self.lock();
-                if std::mem::take(&mut owed) {
-                    s.published(1, &mut after);
+                if let Some(group) = owed.take() {
+                    s.published_one(group, &mut after);
                 }
                 s.finish(core, did_panic, ran, &mut after);
                 // The next job is marked started in this same critical
@@ -116,9 +120,10 @@ impl Inner {
             log_finished(core, panicked, ran);
             drop(entered);
             self.after(after);
+            let group = core.membership().map(|m| m.group);
             // Drops a detached job's result: user code, caught if it panics.
             drop_quietly(task);
-            owed = true;
+            owed = Some(group);
             next = following;
             if next.is_none() {
                 next = self.wait_for_work(me, slot, true, &mut owed);
@@ -145,12 +150,12 @@ impl Inner {
         me: u64,
         slot: Key,
         mut searching: bool,
-        owed: &mut bool,
+        owed: &mut Owed,
     ) -> Option<Arc<dyn Task>> {
         let mut after = After::default();
         let mut s = self.lock();
-        if std::mem::take(owed) {
-            s.published(1, &mut after);
+        if let Some(group) = owed.take() {
+            s.published_one(group, &mut after);
         }
         let mut spun = false;
         loop {

@@ -59,6 +59,7 @@ impl State {
         self.event(task.core(), EventKind::Accepted, after);
         let key = self.jobs.insert(task.clone());
         task.core().set_key(key);
+        self.group_join(task.core(), key);
         self.jobs.push_back(&mut self.queue, key);
         self.queued += 1;
         self.hint.store(self.queued, Ordering::Release);

@@ -51,10 +51,12 @@ use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::observer::{EventKind, EventQueue};
 use crate::policy::Departure;
-use crate::slab::{List, Slab};
+use crate::slab::{Key, List, Slab};
 
 mod admission;
 mod events;
+mod groups;
+pub(crate) use groups::StoppedJobs;
 mod queries;
 mod tombstones;
 mod workers;
@@ -159,6 +161,8 @@ pub(crate) struct State {
     observer_lag: usize,
     /// Every queued or running job, by the key its core records.
     jobs: Slab<Arc<dyn Task>>,
+    /// Job groups (groups.rs).
+    groups: Slab<groups::GroupRec>,
     /// The `Queued` jobs in submission order, and tombstones (S2).
     queue: List,
     /// The `Queued` jobs in `queue` (S2).
@@ -220,6 +224,7 @@ impl State {
             observe: observer_lag.is_some(),
             observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
+            groups: Slab::default(),
             queue: List::default(),
             queued: 0,
             tombstones: 0,
@@ -273,6 +278,7 @@ impl State {
         let core = task.core();
         self.queued -= 1;
         self.hint.store(self.queued, Ordering::Release);
+        self.group_moved(core, QUEUED, RUNNING);
         // No room frees: the job moves from waiting to running, and the
         // bound is on jobs beyond the free permits.
         debug_assert!(self.running.len() < self.max_in_flight, "S1");
@@ -297,15 +303,15 @@ impl State {
         after.release = self.jobs.remove(key);
         self.counts.run_time_total += ran;
         self.unpublished += 1;
-        let state = if panicked {
+        let (state, word) = if panicked {
             self.counts.panicked += 1;
-            core.transition(RUNNING, PANICKED);
-            JobState::Panicked
+            (JobState::Panicked, PANICKED)
         } else {
             self.counts.completed += 1;
-            core.transition(RUNNING, COMPLETED);
-            JobState::Completed
+            (JobState::Completed, COMPLETED)
         };
+        core.transition(RUNNING, word);
+        self.group_moved(core, RUNNING, word);
         self.event(core, EventKind::Finished(state), after);
         // A free permit may let a room waiter in.
         self.room_freed(after);
@@ -324,6 +330,7 @@ impl State {
         self.hint.store(self.queued, Ordering::Release);
         self.counts.cancelled += 1;
         self.unpublished += 1;
+        self.group_moved(core, QUEUED, CANCELLED);
         self.event(core, EventKind::Finished(JobState::Cancelled), after);
         self.room_freed(after);
         if self.tombstones > self.queued {
@@ -366,6 +373,7 @@ impl State {
             self.queued -= 1;
             self.counts.unstarted += 1;
             self.unpublished += 1;
+            self.group_moved(task.core(), QUEUED, UNSTARTED);
             self.event(task.core(), EventKind::NeverStarted, after);
             into.push(task);
         }
@@ -413,6 +421,26 @@ impl State {
     pub(crate) fn published(&mut self, n: usize, after: &mut After) {
         self.unpublished -= n;
         self.settle_check(after);
+    }
+
+    /// Settles one outcome published outside the lock, of a job of group
+    /// `group` if it has one.
+    pub(crate) fn published_one(&mut self, group: Option<Key>, after: &mut After) {
+        self.published_many(1, group, after);
+    }
+
+    /// Settles `n` outcomes published outside the lock; `groups` names the
+    /// group of each of them that has one.
+    pub(crate) fn published_many(
+        &mut self,
+        n: usize,
+        groups: impl IntoIterator<Item = Key>,
+        after: &mut After,
+    ) {
+        for g in groups {
+            self.group_published(g, after);
+        }
+        self.published(n, after);
     }
 
     /// Transition *stop-accepting* (graceful shutdown); `false` if already

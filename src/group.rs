@@ -1,0 +1,263 @@
+//! Job groups: a set of jobs to stop, wait for and close together, nested
+//! like cancel scopes. The bookkeeping lives in the pool's locked state
+//! (`state/groups.rs`, invariants G1–G4); this module is the handle.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::clock::Began;
+use crate::metrics::GroupMetrics;
+use crate::policy::GroupDropPolicy;
+use crate::pool::{Inner, Offloader};
+use crate::report::{CloseReport, RunningJob, UnstartedJob};
+use crate::shutdown::wait;
+use crate::slab::Key;
+use crate::state::{After, StoppedJobs};
+use crate::sync::{Arc, AtomicBool, Ordering};
+
+/// A set of jobs of one [`Offloader`] that are stopped, awaited and closed
+/// together, without shutting the pool down. Created by
+/// [`Offloader::group`]; nested with [`child`](Self::child).
+///
+/// Offload through the group as through the pool
+/// ([`JobGroup::offload`]). [`stop`](Self::stop) cancels the group's queued
+/// jobs and sets the stop token of its running ones, in the group and in
+/// every descendant (a child's stop does not reach its parent);
+/// [`idle`](Self::idle) waits until all of them are terminal;
+/// [`close`](Self::close) does both in stages, with a report. Permits
+/// follow the functions' real runs, as for every job: a stopped job keeps
+/// its permit until its function returns.
+///
+/// Cloning gives another handle to the same group. When the last handle is
+/// dropped, its [`GroupDropPolicy`] applies (default: the jobs go on).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// let pool = offloader::Offloader::builder().max_in_flight(1).build()?;
+/// let reads = pool.group();
+/// let (started_tx, started_rx) = std::sync::mpsc::channel();
+/// let slow = reads.offload(move |stop| {
+///     started_tx.send(()).ok();
+///     stop.sleep(Duration::from_secs(60))
+/// }).spawn()?;
+/// let queued = reads.offload(|_stop| "never runs").spawn()?;
+/// started_rx.recv()?;
+/// reads.stop();
+/// assert!(queued.await.unwrap_err().is_cancelled());
+/// assert!(slow.await?.is_err()); // its sleep saw the stop request
+/// reads.idle().await;
+/// assert_eq!(reads.metrics().cancelled, 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct JobGroup {
+    pub(crate) pool: Offloader,
+    shared: Arc<Shared>,
+}
+
+/// What the clones of one group handle share; its drop is the group's.
+struct Shared {
+    inner: Arc<Inner>,
+    key: Key,
+    stop_on_drop: AtomicBool,
+}
+
+impl Offloader {
+    /// A new, empty [`JobGroup`] of this pool.
+    pub fn group(&self) -> JobGroup {
+        JobGroup::new(self.clone(), None)
+    }
+}
+
+impl JobGroup {
+    fn new(pool: Offloader, parent: Option<Key>) -> JobGroup {
+        let inner = pool.inner().clone();
+        let key = inner.lock().group_create(parent);
+        JobGroup {
+            pool,
+            shared: Arc::new(Shared {
+                inner,
+                key,
+                stop_on_drop: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A new group nested in this one: stopping or closing this group
+    /// stops or closes the child too; the child's stop does not reach this
+    /// group. This group's [`metrics`](Self::metrics) and
+    /// [`idle`](Self::idle) include the child's jobs. A child of a stopped
+    /// group is born stopped.
+    pub fn child(&self) -> JobGroup {
+        JobGroup::new(self.pool.clone(), Some(self.shared.key))
+    }
+
+    /// Sets what dropping the last handle to this group does (for every
+    /// clone of it).
+    pub fn on_drop(self, policy: GroupDropPolicy) -> JobGroup {
+        // ORDERING: read by the last handle's drop, which synchronises with
+        // every clone's drop through the `Arc`.
+        self.shared
+            .stop_on_drop
+            .store(policy == GroupDropPolicy::Stop, Ordering::Relaxed);
+        self
+    }
+
+    /// The pool the group's jobs run on.
+    pub fn pool(&self) -> &Offloader {
+        &self.pool
+    }
+
+    pub(crate) fn key(&self) -> Key {
+        self.shared.key
+    }
+
+    /// Stops the group and its descendants: new offloads through them are
+    /// refused ([`Rejected::GroupStopped`](crate::Rejected::GroupStopped)),
+    /// queued jobs are cancelled (they never run; their owners see
+    /// [`Error::Cancelled`](crate::Error::Cancelled)) and running ones get
+    /// their stop token set (they keep their permits until they return).
+    /// Returns `false` if the group was already stopped.
+    pub fn stop(&self) -> bool {
+        self.shared.stop().is_some()
+    }
+
+    /// `true` once [`stop`](Self::stop) (or a stop of an ancestor, or a
+    /// [`close`](Self::close) that escalated) has taken effect.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.inner.lock().group_stopped(self.shared.key)
+    }
+
+    /// A consistent snapshot of the counts of the group's jobs, its
+    /// descendants' included.
+    pub fn metrics(&self) -> GroupMetrics {
+        self.shared.inner.lock().group_metrics(self.shared.key)
+    }
+
+    /// `true` if every job of the group and its descendants is terminal
+    /// and its outcome published.
+    pub fn is_idle(&self) -> bool {
+        self.shared.inner.lock().group_idle(self.shared.key)
+    }
+
+    /// Waits until every job accepted through the group or a descendant is
+    /// terminal and its outcome published. Jobs offloaded while it waits
+    /// are waited for too.
+    pub async fn idle(&self) {
+        let key = self.shared.key;
+        wait(&self.shared.inner, move |s| s.group_idle(key)).await;
+    }
+
+    /// The running jobs of the group and its descendants.
+    pub fn running_jobs(&self) -> Vec<RunningJob> {
+        self.shared.inner.lock().group_running_jobs(self.shared.key)
+    }
+
+    /// Closes the group in stages, without shutting the pool down: new
+    /// offloads through it (and its descendants) are refused at once; its
+    /// jobs get up to `graceful` to finish; then, if needed, the group is
+    /// [stopped](Self::stop) and gets up to `after_stop` more. The report's
+    /// `unstarted` lists the queued jobs the stop cancelled; `terminated`
+    /// says whether the group went idle.
+    ///
+    /// # Panics
+    ///
+    /// Needs a tokio runtime with the time driver.
+    pub async fn close(&self, graceful: Duration, after_stop: Duration) -> CloseReport {
+        let began = Began::now();
+        let before = self.metrics();
+        self.shared.inner.lock().group_close(self.shared.key);
+        let mut unstarted = Vec::new();
+        let mut idle = self.idle_within(graceful).await;
+        let escalated = !idle;
+        if escalated {
+            unstarted = self.shared.stop().unwrap_or_default();
+            idle = self.idle_within(after_stop).await;
+        }
+        let (after, still_running) = {
+            let s = self.shared.inner.lock();
+            (
+                s.group_metrics(self.shared.key),
+                s.group_running_jobs(self.shared.key),
+            )
+        };
+        CloseReport {
+            completed: after.completed - before.completed,
+            panicked: after.panicked - before.panicked,
+            unstarted,
+            still_running,
+            escalated,
+            terminated: idle,
+            took: began.waited(),
+        }
+    }
+
+    async fn idle_within(&self, limit: Duration) -> bool {
+        let began = Began::now();
+        tokio::time::timeout_at(began.timer_deadline(limit), self.idle())
+            .await
+            .is_ok()
+    }
+}
+
+impl Shared {
+    /// Stops the group (G2 of state/groups.rs); `None` if it already was.
+    /// Returns the queued jobs it cancelled.
+    fn stop(&self) -> Option<Vec<UnstartedJob>> {
+        let mut after = After::default();
+        let stopped = self.inner.lock().group_stop(self.key, &mut after);
+        self.inner.after(after);
+        stopped.map(|stopped| self.stopped(stopped))
+    }
+
+    /// After unlocking: discards the cancelled jobs' functions and asks the
+    /// running ones to stop. Returns the cancelled jobs.
+    fn stopped(&self, stopped: StoppedJobs) -> Vec<UnstartedJob> {
+        let StoppedJobs { cancelled, running } = stopped;
+        let now = crate::id::now_ns();
+        let report = cancelled
+            .iter()
+            .map(|task| UnstartedJob::of(task.core(), now))
+            .collect();
+        self.inner.discard_cancelled(cancelled);
+        for task in &running {
+            self.inner.stop(&**task);
+        }
+        crate::quiet::drop_quietly(running);
+        report
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // ORDERING: see `JobGroup::on_drop`.
+        let stop = self.stop_on_drop.load(Ordering::Relaxed);
+        let mut after = After::default();
+        // One critical section: once the handle is gone the record may be
+        // too, and its key reused by another group.
+        let stopped = {
+            let mut s = self.inner.lock();
+            let stopped = if stop {
+                s.group_stop(self.key, &mut after)
+            } else {
+                None
+            };
+            s.group_handle_dropped(self.key);
+            stopped
+        };
+        self.inner.after(after);
+        if let Some(stopped) = stopped {
+            self.stopped(stopped);
+        }
+    }
+}
+
+impl fmt::Debug for JobGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobGroup")
+            .field("metrics", &self.metrics())
+            .finish()
+    }
+}

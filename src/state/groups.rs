@@ -1,0 +1,296 @@
+//! Job groups ([`JobGroup`](crate::JobGroup)): each group's counts and live
+//! members, kept in the critical sections of the job transitions they
+//! follow, so that a group's ledger is as exact as the pool's and a stop
+//! reaches every queued and running job of a group and of its descendants.
+//!
+//! # Invariants
+//!
+//! - **G1 (ledger).** A group's counts cover its own jobs and its
+//!   descendants' jobs. Each moves in the critical section of the job
+//!   transition it counts (every transition walks the job's group and its
+//!   ancestors: O(depth), independent of the queue), so every snapshot has
+//!   `accepted = queued + running + terminal`.
+//! - **G2 (stop).** A stop marks the group and its descendants stopped in the
+//!   critical section in which it collects their members: a job accepted
+//!   before it is collected, a job offered after it is refused.
+//! - **G3 (lifetime).** A group's record lives while a handle, a child record
+//!   or one of its own jobs not yet published refers to it, so the group key
+//!   a job carries stays valid until the job's outcome is published.
+//! - **G4 (members).** A group's members are exactly its own jobs that are
+//!   queued or running: a job joins in *accept* and leaves in the transition
+//!   that makes it terminal.
+
+use super::{After, State};
+use crate::error::Rejected;
+use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
+use crate::job::Task;
+use crate::job_core::JobCore;
+use crate::metrics::GroupMetrics;
+use crate::report::RunningJob;
+use crate::slab::{Key, List, Slab};
+use crate::sync::Arc;
+
+/// What a group stop leaves to do after unlocking.
+#[derive(Default)]
+pub(crate) struct StoppedJobs {
+    /// Jobs it cancelled: their functions are discarded after unlocking.
+    pub(crate) cancelled: Vec<Arc<dyn Task>>,
+    /// Jobs running (or returning) now: asked to stop after unlocking.
+    pub(crate) running: Vec<Arc<dyn Task>>,
+}
+
+/// One group's record in the pool's state.
+#[derive(Default)]
+pub(crate) struct GroupRec {
+    parent: Option<Key>,
+    /// Live child records.
+    children: Vec<Key>,
+    /// Own queued and running jobs, by their key in the pool's job slab
+    /// (G4), linked in `member_list`.
+    members: Slab<Key>,
+    member_list: List,
+    /// Live `JobGroup` handles.
+    handles: usize,
+    /// Own jobs accepted and not yet published (G3).
+    own_pending: usize,
+    stopped: bool,
+    /// New jobs are refused (a close began, or a stop).
+    closed: bool,
+    counts: GroupMetrics,
+    /// Jobs of this group or its descendants accepted and not yet published:
+    /// the group is idle when it is zero.
+    pending: u64,
+}
+
+impl State {
+    /// Creates a group (a child of `parent`, if given) with one handle.
+    /// A child of a stopped or closed group is born so.
+    pub(crate) fn group_create(&mut self, parent: Option<Key>) -> Key {
+        let (stopped, closed) = parent
+            .and_then(|p| self.groups.get(p))
+            .map_or((false, false), |p| (p.stopped, p.closed));
+        let key = self.groups.insert(GroupRec {
+            parent,
+            handles: 1,
+            stopped,
+            closed,
+            ..GroupRec::default()
+        });
+        if let Some(p) = parent.and_then(|p| self.groups.get_mut(p)) {
+            p.children.push(key);
+        }
+        key
+    }
+
+    /// A handle to group `key` was dropped.
+    pub(crate) fn group_handle_dropped(&mut self, key: Key) {
+        if let Some(g) = self.groups.get_mut(key) {
+            g.handles -= 1;
+        }
+        self.group_free_unused(key);
+    }
+
+    /// Whether a job offloaded through its group may join it: refused if
+    /// the group is stopped (G2).
+    pub(crate) fn group_admits(&mut self, core: &JobCore) -> Result<(), Rejected> {
+        let Some(m) = core.membership() else {
+            return Ok(());
+        };
+        match self.groups.get_mut(m.group) {
+            Some(g) if g.closed => {
+                g.counts.rejected += 1;
+                Err(Rejected::GroupStopped)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Part of *accept*: the job `job` (key in the job slab) joins its
+    /// group, if it has one (G4), and is counted there and above.
+    pub(super) fn group_join(&mut self, core: &JobCore, job: Key) {
+        let Some(m) = core.membership() else {
+            return;
+        };
+        let Some(g) = self.groups.get_mut(m.group) else {
+            return;
+        };
+        let member = g.members.insert(job);
+        g.members.push_back(&mut g.member_list, member);
+        m.set_member(member);
+        g.own_pending += 1;
+        self.each_group(m.group, |c| {
+            c.counts.accepted += 1;
+            c.counts.queued += 1;
+            c.pending += 1;
+        });
+    }
+
+    /// Part of a job transition from `from` to `to` (state words): moves
+    /// the job's counts in its group and above (G1); a terminal job leaves
+    /// its group's members (G4).
+    pub(super) fn group_moved(&mut self, core: &JobCore, from: u8, to: u8) {
+        let Some(m) = core.membership() else {
+            return;
+        };
+        if to != RUNNING {
+            if let Some(g) = self.groups.get_mut(m.group) {
+                g.members.unlink(&mut g.member_list, m.member());
+                g.members.remove(m.member());
+            }
+        }
+        self.each_group(m.group, |c| {
+            let n = &mut c.counts;
+            match from {
+                QUEUED => n.queued -= 1,
+                _ => n.running -= 1,
+            }
+            match to {
+                RUNNING => n.running += 1,
+                COMPLETED => n.completed += 1,
+                PANICKED => n.panicked += 1,
+                CANCELLED => n.cancelled += 1,
+                UNSTARTED => n.unstarted += 1,
+                _ => debug_assert!(false, "not a state a job moves to"),
+            }
+        });
+    }
+
+    /// The outcome of a job of group `key` was published: the group and its
+    /// ancestors may be idle now (G3: the record may go).
+    pub(crate) fn group_published(&mut self, key: Key, after: &mut After) {
+        if let Some(g) = self.groups.get_mut(key) {
+            g.own_pending -= 1;
+        }
+        let mut idle = false;
+        self.each_group(key, |c| {
+            c.pending -= 1;
+            idle |= c.pending == 0;
+        });
+        if idle && self.settle_waiters > 0 {
+            after.settled = true;
+        }
+        self.group_free_unused(key);
+    }
+
+    /// Marks group `key` and its descendants closed: new jobs are refused.
+    pub(crate) fn group_close(&mut self, key: Key) {
+        let mut todo = vec![key];
+        while let Some(k) = todo.pop() {
+            if let Some(g) = self.groups.get_mut(k) {
+                g.closed = true;
+                todo.extend_from_slice(&g.children);
+            }
+        }
+    }
+
+    /// Marks group `key` and its descendants stopped (and closed), cancels
+    /// their queued jobs (transition *cancel-queued*, in this one critical
+    /// section: none of them starts after the stop) and returns those, to
+    /// be discarded after unlocking, and the running ones, to be asked to
+    /// stop (G2). `None` if the group was already stopped.
+    pub(crate) fn group_stop(&mut self, key: Key, after: &mut After) -> Option<StoppedJobs> {
+        if self.groups.get(key).is_none_or(|g| g.stopped) {
+            return None;
+        }
+        let mut jobs = Vec::new();
+        let mut todo = vec![key];
+        while let Some(k) = todo.pop() {
+            let Some(g) = self.groups.get_mut(k) else {
+                continue;
+            };
+            g.stopped = true;
+            g.closed = true;
+            todo.extend_from_slice(&g.children);
+            let g = &self.groups.get(k).expect("just seen");
+            for &job in g.members.iter(&g.member_list) {
+                if let Some(task) = self.jobs.get(job) {
+                    jobs.push(task.clone());
+                }
+            }
+        }
+        let mut stopped = StoppedJobs::default();
+        for task in jobs {
+            if self.cancel_queued(task.core(), after) {
+                stopped.cancelled.push(task);
+            } else {
+                stopped.running.push(task);
+            }
+        }
+        Some(stopped)
+    }
+
+    /// Whether group `key` is stopped.
+    pub(crate) fn group_stopped(&self, key: Key) -> bool {
+        self.groups.get(key).is_some_and(|g| g.stopped)
+    }
+
+    /// Every job of group `key` and its descendants is terminal and its
+    /// outcome published.
+    pub(crate) fn group_idle(&self, key: Key) -> bool {
+        self.groups.get(key).is_none_or(|g| g.pending == 0)
+    }
+
+    /// A snapshot of group `key`'s counts (G1).
+    pub(crate) fn group_metrics(&self, key: Key) -> GroupMetrics {
+        self.groups
+            .get(key)
+            .map(|g| GroupMetrics {
+                stopped: g.stopped,
+                ..g.counts
+            })
+            .unwrap_or_default()
+    }
+
+    /// The running jobs of group `key` and its descendants.
+    pub(crate) fn group_running_jobs(&self, key: Key) -> Vec<RunningJob> {
+        let mut out = Vec::new();
+        let mut todo = vec![key];
+        while let Some(k) = todo.pop() {
+            let Some(g) = self.groups.get(k) else {
+                continue;
+            };
+            todo.extend_from_slice(&g.children);
+            for &job in g.members.iter(&g.member_list) {
+                if let Some(task) = self.jobs.get(job) {
+                    if task.core().state_word() == RUNNING {
+                        out.push(RunningJob::of(task.core()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Applies `f` to group `key` and each of its ancestors.
+    fn each_group(&mut self, key: Key, mut f: impl FnMut(&mut GroupRec)) {
+        let mut next = Some(key);
+        while let Some(k) = next {
+            let Some(g) = self.groups.get_mut(k) else {
+                return;
+            };
+            f(g);
+            next = g.parent;
+        }
+    }
+
+    /// Removes group `key`'s record, and then its parent's, and so on, while
+    /// nothing refers to them any more (G3).
+    fn group_free_unused(&mut self, key: Key) {
+        let mut next = Some(key);
+        while let Some(k) = next {
+            let unused = self
+                .groups
+                .get(k)
+                .is_some_and(|g| g.handles == 0 && g.children.is_empty() && g.own_pending == 0);
+            if !unused {
+                return;
+            }
+            next = self.groups.remove(k).and_then(|g| g.parent);
+            if let Some(p) = next.and_then(|p| self.groups.get_mut(p)) {
+                if let Some(i) = p.children.iter().position(|&c| c == k) {
+                    p.children.swap_remove(i);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! Job groups (issue 13): stop, idle, close and metrics of a set of jobs,
+//! nested groups, the drop policy, and their interplay with the pool's own
+//! shutdown. Every wait is bounded; events are ordered by gates and
+//! signals, never by sleeps.
+
+mod support;
+
+use std::time::Duration;
+
+use offloader::{GroupDropPolicy, GroupMetrics, JobGroup, JobState, Offloader, Rejected};
+use support::*;
+
+#[track_caller]
+fn assert_group_ledger(m: &GroupMetrics) {
+    assert!(m.ledger_balances(), "group ledger does not balance: {m:?}");
+}
+
+/// Offloads a job through `group` that signals `tx` when it starts and
+/// returns when `hold` opens or its stop token is set (returning whether it
+/// was stopped).
+fn held(
+    group: &JobGroup,
+    hold: &Hold,
+    tx: &tokio::sync::mpsc::UnboundedSender<()>,
+) -> offloader::JobHandle<bool> {
+    let (hold, tx) = (hold.clone(), tx.clone());
+    group
+        .offload(move |stop| {
+            tx.send(()).unwrap();
+            hold.wait_or_stop(stop)
+        })
+        .spawn()
+        .expect("accepted")
+}
+
+/// `stop` cancels the queued jobs (they never run), sets the stop token of
+/// the running one, and the running one keeps its permit until it returns:
+/// with one permit, a job of the pool outside the group starts only after
+/// the stopped function returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_cancels_queued_and_stops_running_which_keep_their_permits() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let (release, returns) = gate();
+    let (back_tx, mut back) = signal();
+    let running = group
+        .offload(move |stop| {
+            tx.send(()).unwrap();
+            while !stop.is_stopped() {
+                std::thread::yield_now();
+            }
+            // Stopped: holds its permit until the test lets it return.
+            back_tx.send(()).unwrap();
+            returns.wait();
+            "stopped"
+        })
+        .spawn()
+        .unwrap();
+    recv("the group's first job", &mut started).await;
+    let (qtx, _qrx) = signal();
+    let queued: Vec<_> = (0..3).map(|_| held(&group, &hold, &qtx)).collect();
+    let outsider = pool.offload(|_| "outsider").spawn().unwrap();
+    assert!(group.stop());
+    assert!(!group.stop(), "already stopped");
+    assert!(group.is_stopped());
+    for q in queued {
+        let e = within("a cancelled job", q).await.unwrap_err();
+        assert!(e.is_cancelled(), "{e}");
+    }
+    recv("the running job saw its stop", &mut back).await;
+    let m = group.metrics();
+    assert_eq!((m.running, m.cancelled, m.queued), (1, 3, 0), "{m:?}");
+    assert_eq!(
+        outsider.state(),
+        JobState::Queued,
+        "the stopped job still holds the only permit"
+    );
+    assert!(!group.is_idle());
+    release.open();
+    assert_eq!(within("the stopped job", running).await.unwrap(), "stopped");
+    assert_eq!(within("the outsider", outsider).await.unwrap(), "outsider");
+    within("the group idle", group.idle()).await;
+    let m = group.metrics();
+    assert_eq!((m.accepted, m.completed, m.cancelled), (4, 1, 3), "{m:?}");
+    assert!(m.stopped);
+    assert_group_ledger(&m);
+    assert_ledger(&pool.metrics());
+}
+
+/// A stopped group refuses new jobs, hands the function back, and counts
+/// the refusal; the pool itself still accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_group_refuses_new_jobs() {
+    let pool = pool(2, 16);
+    let group = pool.group();
+    group.stop();
+    let refused = group.offload(|_| 7).spawn().unwrap_err();
+    assert!(
+        matches!(refused.reason(), Rejected::GroupStopped),
+        "{refused}"
+    );
+    assert_eq!(refused.into_inner()(&offloader::StopToken::new()), 7);
+    let awaited = group.offload(|_| 8).await.unwrap_err();
+    assert!(awaited.is_rejected(), "{awaited}");
+    let m = group.metrics();
+    assert_eq!((m.accepted, m.rejected), (0, 2), "{m:?}");
+    assert_eq!(within("the pool", pool.offload(|_| 9)).await.unwrap(), 9);
+    let child = group.child();
+    assert!(
+        child.is_stopped(),
+        "a child of a stopped group is born stopped"
+    );
+    assert!(child.offload(|_| ()).spawn().is_err());
+}
+
+/// Stopping a parent reaches every descendant's jobs; stopping a child
+/// does not reach its parent. A parent's metrics and idle cover its
+/// descendants' jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_reaches_descendants_not_ancestors() {
+    let pool = pool(4, 16);
+    let parent = pool.group();
+    let child = parent.child();
+    let grandchild = child.child();
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let p = held(&parent, &hold, &tx);
+    let c = held(&child, &hold, &tx);
+    let gc = held(&grandchild, &hold, &tx);
+    for _ in 0..3 {
+        recv("a job of the tree", &mut started).await;
+    }
+    assert_eq!(parent.metrics().running, 3);
+    assert_eq!(child.metrics().running, 2);
+    grandchild.stop();
+    assert!(within("the grandchild's job", gc).await.unwrap(), "stopped");
+    assert!(!child.is_stopped() && !parent.is_stopped());
+    assert!(!p.is_stop_requested() && !c.is_stop_requested());
+    parent.stop();
+    assert!(child.is_stopped());
+    assert!(within("the child's job", c).await.unwrap(), "stopped");
+    assert!(within("the parent's job", p).await.unwrap(), "stopped");
+    within("the tree idle", parent.idle()).await;
+    let m = parent.metrics();
+    assert_eq!((m.accepted, m.completed), (3, 3), "{m:?}");
+    assert_group_ledger(&m);
+}
+
+/// `idle` waits for every job of the group and its descendants, and only
+/// for them: a job of the pool outside the group does not hold it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_waits_for_the_group_and_its_descendants_only() {
+    let pool = pool(3, 16);
+    let group = pool.group();
+    within("an empty group is idle", group.idle()).await;
+    let child = group.child();
+    let (outside_gate, outside_hold) = gate();
+    let outsider = pool.offload(move |_| outside_hold.wait()).spawn().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let job = held(&child, &hold, &tx);
+    recv("the child's job", &mut started).await;
+    assert!(still_pending(group.idle()).await, "the child's job runs");
+    g.open();
+    within("idle with the outsider still running", group.idle()).await;
+    assert!(!within("the child's job", job).await.unwrap());
+    assert!(group.is_idle());
+    assert!(!pool.is_idle());
+    outside_gate.open();
+    within("the outsider", outsider).await.unwrap();
+}
+
+/// The default drop policy lets the jobs go on; `Stop` stops them when the
+/// last handle goes (clones keep the group alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_group_follows_its_policy() {
+    let pool = pool(2, 16);
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let kept = {
+        let group = pool.group();
+        held(&group, &hold, &tx)
+    };
+    recv("the kept job", &mut started).await;
+    let stopped = {
+        let group = pool.group().on_drop(GroupDropPolicy::Stop);
+        let clone = group.clone();
+        let job = held(&group, &hold, &tx);
+        recv("the stopped job", &mut started).await;
+        drop(group);
+        assert!(!job.is_stop_requested(), "a clone still holds the group");
+        drop(clone);
+        job
+    };
+    assert!(within("the job of the dropped group", stopped)
+        .await
+        .unwrap());
+    assert!(!kept.is_stop_requested(), "LetRun: the job goes on");
+    g.open();
+    assert!(!within("the kept job", kept).await.unwrap());
+    within("idle", pool.idle()).await;
+    assert_ledger(&pool.metrics());
+}
+
+/// `close`: new jobs are refused at once; jobs that finish within the
+/// graceful budget need no stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_without_escalation() {
+    let pool = pool(2, 16);
+    let group = pool.group();
+    let jobs: Vec<_> = (0..4)
+        .map(|i| group.offload(move |_| i).spawn().unwrap())
+        .collect();
+    let report = group.close(HANG, Duration::from_secs(1)).await;
+    assert!(report.terminated && !report.escalated, "{report}");
+    assert_eq!(report.completed, 4);
+    assert!(report.unstarted.is_empty() && report.still_running.is_empty());
+    assert!(group.offload(|_| ()).spawn().is_err(), "closed");
+    assert!(!group.is_stopped(), "closed, not stopped");
+    for (i, j) in jobs.into_iter().enumerate() {
+        assert_eq!(within("a job", j).await.unwrap(), i);
+    }
+    assert_eq!(
+        within("the pool still runs jobs", pool.offload(|_| 1))
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// `close` escalates to a stop when the graceful budget passes: the queued
+/// job is cancelled and reported, the running one that heeds its token
+/// returns, one that ignores it is reported still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_escalates_to_a_stop_and_reports_what_is_left() {
+    let pool = pool(2, 16);
+    let group = pool.group();
+    let (stubborn_gate, stubborn_hold) = gate();
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let tx2 = tx.clone();
+    let stubborn = group
+        .offload(move |_| {
+            tx2.send(()).unwrap();
+            stubborn_hold.wait();
+        })
+        .name("stubborn")
+        .spawn()
+        .unwrap();
+    let heeds = held(&group, &hold, &tx);
+    recv("first", &mut started).await;
+    recv("second", &mut started).await;
+    let queued = group.offload(|_| ()).name("queued").spawn().unwrap();
+    let report = group.close(SHORT, SHORT).await;
+    assert!(report.escalated && !report.terminated, "{report}");
+    assert_eq!(report.unstarted.len(), 1, "{report}");
+    assert_eq!(report.unstarted[0].name.as_deref(), Some("queued"));
+    assert_eq!(report.still_running.len(), 1, "{report}");
+    assert_eq!(report.still_running[0].name.as_deref(), Some("stubborn"));
+    assert!(report.still_running[0].stop_requested);
+    assert!(within("queued", queued).await.unwrap_err().is_cancelled());
+    assert!(within("the job that heeds its token", heeds).await.unwrap());
+    stubborn_gate.open();
+    within("the stubborn job", stubborn).await.unwrap();
+    within("idle", group.idle()).await;
+    assert_group_ledger(&group.metrics());
+}
+
+/// The pool's own `shutdown_now` reaches group jobs like any others: the
+/// group counts them unstarted and goes idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_shutdown_now_settles_group_jobs() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let child = group.child();
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = held(&group, &hold, &tx);
+    recv("running", &mut started).await;
+    let queued: Vec<_> = (0..5)
+        .map(|i| {
+            let g = if i % 2 == 0 { &group } else { &child };
+            g.offload(|_| ()).spawn().unwrap()
+        })
+        .collect();
+    assert_eq!(pool.shutdown_now().len(), 5);
+    assert!(within("running", running).await.unwrap());
+    for q in queued {
+        assert!(within("queued", q).await.is_err());
+    }
+    within("idle", group.idle()).await;
+    let m = group.metrics();
+    assert_eq!((m.unstarted, m.completed), (5, 1), "{m:?}");
+    assert_eq!(child.metrics().unstarted, 2);
+    assert_group_ledger(&m);
+    within("terminated", pool.terminated()).await;
+}
+
+/// A job may stop its own group from inside (the stop takes the pool lock,
+/// which no worker holds while running a function), and await another
+/// group's idleness from a blocking wait elsewhere: nothing deadlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_can_stop_its_own_group() {
+    let pool = pool(2, 16);
+    let group = pool.group();
+    let inside = group.clone();
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let sibling = held(&group, &hold, &tx);
+    recv("the sibling", &mut started).await;
+    let stopper = group
+        .offload(move |stop| {
+            let first = inside.stop();
+            (first, stop.is_stopped())
+        })
+        .spawn()
+        .unwrap();
+    assert_eq!(within("the stopper", stopper).await.unwrap(), (true, true));
+    assert!(within("the sibling", sibling).await.unwrap());
+    within("idle", group.idle()).await;
+}
+
+/// Ledger identities hold for the pool and every group at every step of a
+/// mixed run: groups created and dropped, jobs cancelled by handles, by
+/// group stops, completed and panicked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledgers_hold_through_a_mixed_run() {
+    quiet_deliberate_panics();
+    let pool = pool(2, 4096);
+    let root = pool.group();
+    let mut handles = Vec::new();
+    for round in 0..20usize {
+        let g = if round % 3 == 0 {
+            root.clone()
+        } else {
+            root.child()
+        };
+        for i in 0..20usize {
+            let h = g
+                .offload(move |_| {
+                    if i % 7 == 3 {
+                        panic!("{}", ON_PURPOSE);
+                    }
+                    i
+                })
+                .spawn()
+                .unwrap();
+            if i % 5 == 0 {
+                h.cancel();
+            }
+            handles.push(h);
+        }
+        if round % 4 == 1 && round % 3 != 0 {
+            g.stop();
+        }
+        assert_group_ledger(&root.metrics());
+        assert_group_ledger(&g.metrics());
+        assert_ledger(&pool.metrics());
+    }
+    for h in handles {
+        let _ = within("a job", h).await;
+    }
+    within("idle", root.idle()).await;
+    let (m, p) = (root.metrics(), pool.metrics());
+    assert_eq!(m.accepted, 400);
+    assert_eq!(m.queued + m.running, 0);
+    assert_eq!(
+        (m.completed, m.panicked, m.cancelled),
+        (p.completed, p.panicked, p.cancelled),
+        "every job of the pool went through the root group"
+    );
+    assert_group_ledger(&m);
+}
+
+/// A group that outlives its pool handle keeps the pool usable: the group
+/// holds an [`Offloader`] clone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_keeps_its_pool() {
+    let group = {
+        let pool: Offloader = pool(1, 4);
+        pool.group()
+    };
+    assert_eq!(within("a job", group.offload(|_| 5)).await.unwrap(), 5);
+    assert_eq!(group.pool().metrics().completed, 1);
+}

@@ -451,6 +451,7 @@ mod clock;
 mod id;
 mod policy;
 mod quiet;
+mod ready;
 mod slab;
 mod sync;
 mod wait_list;
@@ -471,14 +472,20 @@ mod delivery;
 mod pool;
 mod worker;
 
-mod group;
 mod handle;
-mod offload;
 mod shutdown;
+
+mod group;
+
+mod offload;
+
+mod batch;
+mod map;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use batch::{BatchError, InvokeAll};
 pub use config::{
     Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
     DEFAULT_QUEUE_CAPACITY,
@@ -487,6 +494,7 @@ pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
 pub use group::JobGroup;
 pub use handle::JobHandle;
 pub use id::{JobId, JobState};
+pub use map::Map;
 pub use metrics::{GroupMetrics, Metrics};
 pub use observer::{EventKind, JobEvent, Observer};
 pub use offload::{Offload, OffloadFuture};

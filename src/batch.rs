@@ -1,0 +1,262 @@
+//! Batch calls: `invoke_all` (every outcome, in order) and `invoke_any`
+//! (the first success wins; the losers are cancelled or stopped). Each job
+//! of a batch is an ordinary offload: the same permits, timeouts and
+//! abandon policies.
+
+use std::fmt;
+use std::future::{poll_fn, Future, IntoFuture};
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::group::JobGroup;
+use crate::offload::Offload;
+use crate::policy::{AbandonPolicy, GroupDropPolicy};
+use crate::pool::Offloader;
+use crate::ready::ReadySet;
+use crate::stop::StopToken;
+
+/// Why one job of a batch gave no value.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError<E> {
+    /// The function ran and returned this error.
+    #[error("the function failed: {0}")]
+    Failed(E),
+    /// The job gave no outcome of its own: refused, cancelled, panicked,
+    /// timed out (see [`Error`]).
+    #[error(transparent)]
+    Job(#[from] Error),
+}
+
+/// Where a batch's jobs go: a pool or a group.
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    Pool(Offloader),
+    Group(JobGroup),
+}
+
+impl Target {
+    pub(crate) fn offload<F, T>(&self, f: F) -> Offload<F, T>
+    where
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        match self {
+            Target::Pool(p) => p.offload(f),
+            Target::Group(g) => g.offload(f),
+        }
+    }
+
+    /// A new group for one batch: a child of the target's group, or a group
+    /// of the target's pool.
+    pub(crate) fn group(&self) -> JobGroup {
+        match self {
+            Target::Pool(p) => p.group(),
+            Target::Group(g) => g.child(),
+        }
+    }
+}
+
+impl Offloader {
+    /// Runs every function of `fs` on this pool and returns each outcome,
+    /// in input order, once all are terminal (or the timeout passed: see
+    /// [`InvokeAll::with_timeout`]). Like Java's `invokeAll`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = offloader::Offloader::builder().max_in_flight(2).build()?;
+    /// let fs: Vec<_> = (1..=3).map(|i| move |_: &offloader::StopToken| i * 10).collect();
+    /// let outcomes = pool.invoke_all(fs).await;
+    /// let values: Vec<i32> = outcomes.into_iter().collect::<Result<_, _>>()?;
+    /// assert_eq!(values, [10, 20, 30]);
+    /// # Ok(()) }
+    /// ```
+    pub fn invoke_all<I, F, T>(&self, fs: I) -> InvokeAll<F>
+    where
+        I: IntoIterator<Item = F>,
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        InvokeAll::new(Target::Pool(self.clone()), fs)
+    }
+
+    /// Runs every function of `fs` on this pool; the first to return `Ok`
+    /// wins and its index and value are returned. The losers are cancelled
+    /// if still queued and stopped if running (their stop tokens are set);
+    /// each keeps its permit until its function really returns. If every
+    /// function fails, every error is returned, in input order (an empty
+    /// `fs` gives an empty list). Like Java's `invokeAny`, with losers that
+    /// are told to stop through their token.
+    ///
+    /// The jobs run in a group of their own: dropping this future before it
+    /// finishes stops them all. A queued loser may start in the instant
+    /// between the winner's return and the stop (the winner's worker takes
+    /// the next job as it finishes); it then runs with its stop token set.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let pool = offloader::Offloader::builder().max_in_flight(3).build()?;
+    /// let mirrors = [0u64, 50, 100].map(|delay| {
+    ///     move |stop: &offloader::StopToken| -> Result<u64, String> {
+    ///         stop.sleep(Duration::from_secs(delay)).map_err(|e| e.to_string())?;
+    ///         Ok(delay)
+    ///     }
+    /// });
+    /// let (winner, value) = pool.invoke_any(mirrors).await.map_err(|e| format!("{e:?}"))?;
+    /// assert_eq!((winner, value), (0, 0)); // the others were stopped at once
+    /// # Ok(()) }
+    /// ```
+    pub async fn invoke_any<I, F, T, E>(&self, fs: I) -> Result<(usize, T), Vec<BatchError<E>>>
+    where
+        I: IntoIterator<Item = F>,
+        F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        invoke_any(&Target::Pool(self.clone()), fs).await
+    }
+}
+
+impl JobGroup {
+    /// [`Offloader::invoke_all`] with every job in this group.
+    pub fn invoke_all<I, F, T>(&self, fs: I) -> InvokeAll<F>
+    where
+        I: IntoIterator<Item = F>,
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        InvokeAll::new(Target::Group(self.clone()), fs)
+    }
+
+    /// [`Offloader::invoke_any`] with every job in a new child of this
+    /// group (stopping this group stops the race too).
+    pub async fn invoke_any<I, F, T, E>(&self, fs: I) -> Result<(usize, T), Vec<BatchError<E>>>
+    where
+        I: IntoIterator<Item = F>,
+        F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        invoke_any(&Target::Group(self.clone()), fs).await
+    }
+}
+
+async fn invoke_any<I, F, T, E>(target: &Target, fs: I) -> Result<(usize, T), Vec<BatchError<E>>>
+where
+    I: IntoIterator<Item = F>,
+    F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    // Dropping this future drops the group's last handle: its jobs stop.
+    let group = target.group().on_drop(GroupDropPolicy::Stop);
+    let mut set = ReadySet::new();
+    let mut errors = Vec::new();
+    for (i, f) in fs.into_iter().enumerate() {
+        set.push(group.offload(f).into_future(), i);
+        errors.push(None);
+    }
+    while let Some((i, outcome)) = poll_fn(|cx| set.poll_next(cx)).await {
+        match outcome {
+            Ok(Ok(value)) => {
+                // Cancels the queued losers and stops the running ones
+                // before their futures go (which then find them finished
+                // or leave them to their stop token).
+                group.stop();
+                set.clear();
+                return Ok((i, value));
+            }
+            Ok(Err(e)) => errors[i] = Some(BatchError::Failed(e)),
+            Err(e) => errors[i] = Some(BatchError::Job(e)),
+        }
+    }
+    Err(errors.into_iter().flatten().collect())
+}
+
+/// A batch of functions on their way into a pool, from
+/// [`Offloader::invoke_all`] or [`JobGroup::invoke_all`]: await it for every
+/// outcome, in input order.
+#[must_use = "a batch does nothing until it is awaited"]
+pub struct InvokeAll<F> {
+    target: Target,
+    fs: Vec<F>,
+    timeout: Option<Duration>,
+    policy: Option<AbandonPolicy>,
+}
+
+impl<F> InvokeAll<F> {
+    fn new(target: Target, fs: impl IntoIterator<Item = F>) -> Self {
+        InvokeAll {
+            target,
+            fs: fs.into_iter().collect(),
+            timeout: None,
+            policy: None,
+        }
+    }
+
+    /// Stops waiting after `limit` (from when the batch is first awaited):
+    /// jobs still unfinished then follow their abandon policy, and their
+    /// outcome is [`Error::TimedOut`], which says whether each was
+    /// cancelled, stopped or kept running.
+    pub fn with_timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
+    /// The abandon policy of every job of the batch (default: the pool's).
+    pub fn on_abandon(mut self, policy: AbandonPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+}
+
+impl<F, T> IntoFuture for InvokeAll<F>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = Vec<Result<T, Error>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Vec<Result<T, Error>>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let InvokeAll {
+            target,
+            fs,
+            timeout,
+            policy,
+        } = self;
+        let mut set = ReadySet::new();
+        let mut outcomes = Vec::with_capacity(fs.len());
+        for (i, f) in fs.into_iter().enumerate() {
+            let mut offload = target.offload(f);
+            if let Some(limit) = timeout {
+                offload = offload.with_timeout(limit);
+            }
+            if let Some(policy) = policy {
+                offload = offload.on_abandon(policy);
+            }
+            set.push(offload.into_future(), i);
+            outcomes.push(None);
+        }
+        Box::pin(async move {
+            while let Some((i, outcome)) = poll_fn(|cx| set.poll_next(cx)).await {
+                outcomes[i] = Some(outcome);
+            }
+            outcomes.into_iter().flatten().collect()
+        })
+    }
+}
+
+impl<F> fmt::Debug for InvokeAll<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InvokeAll")
+            .field("jobs", &self.fs.len())
+            .field("timeout", &self.timeout)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,261 @@
+//! `map(items, f)`: a bounded fan-out over an iterator, as a stream of
+//! outcomes, in input or completion order, with an error policy.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::IntoFuture;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+
+use crate::batch::{BatchError, Target};
+use crate::group::JobGroup;
+use crate::offload::OffloadFuture;
+use crate::policy::GroupDropPolicy;
+use crate::pool::Offloader;
+use crate::ready::ReadySet;
+use crate::stop::StopToken;
+use crate::sync::Arc;
+
+/// One item's call, boxed so that the stream can name its futures.
+type Call<T, E> = Box<dyn FnOnce(&StopToken) -> Result<T, E> + Send>;
+
+impl Offloader {
+    /// Runs `f` on this pool for each item of `items`, at most
+    /// [`limit`](Map::limit) at once (default: the pool's `max_in_flight`),
+    /// and yields each outcome as a [`Stream`]: in input order (default) or
+    /// in completion order ([`unordered`](Map::unordered)). Items are taken
+    /// from the iterator only as room frees, so memory follows the limit,
+    /// not the input. Like Python's `Executor.map`, bounded.
+    ///
+    /// The jobs run in a group of their own: dropping the stream stops
+    /// those still in flight (queued ones are cancelled, running ones get
+    /// their stop token set and keep their permits until they return).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::future::poll_fn;
+    /// use std::pin::pin;
+    /// use futures_core::Stream;
+    ///
+    /// let pool = offloader::Offloader::builder().build()?;
+    /// let mut lengths = pin!(pool
+    ///     .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
+    ///     .limit(2));
+    /// let mut out = Vec::new();
+    /// while let Some(len) = poll_fn(|cx| lengths.as_mut().poll_next(cx)).await {
+    ///     out.push(len?);
+    /// }
+    /// assert_eq!(out, [1, 2, 3]);
+    /// # Ok(()) }
+    /// ```
+    pub fn map<I, F, T, E>(&self, items: I, f: F) -> Map<I::IntoIter, F, T, E>
+    where
+        I: IntoIterator,
+        I::Item: Send + 'static,
+        F: Fn(I::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        Map::new(Target::Pool(self.clone()), items.into_iter(), f)
+    }
+}
+
+impl JobGroup {
+    /// [`Offloader::map`] with every job in a new child of this group.
+    pub fn map<I, F, T, E>(&self, items: I, f: F) -> Map<I::IntoIter, F, T, E>
+    where
+        I: IntoIterator,
+        I::Item: Send + 'static,
+        F: Fn(I::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        Map::new(Target::Group(self.clone()), items.into_iter(), f)
+    }
+}
+
+/// The stream of [`Offloader::map`] and [`JobGroup::map`]: yields
+/// `Result<T, BatchError<E>>` per item.
+#[must_use = "streams do nothing unless polled"]
+pub struct Map<It, F, T, E> {
+    target: Target,
+    items: It,
+    f: Arc<F>,
+    limit: usize,
+    ordered: bool,
+    stop_on_error: bool,
+    /// The jobs' group, made at the first poll.
+    group: Option<JobGroup>,
+    set: ReadySet<OffloadFuture<Call<T, E>, Result<T, E>>>,
+    /// Items taken from the iterator so far.
+    taken: usize,
+    /// In input order: outcomes from index `yielded` on, `None` while the
+    /// job runs (at most `limit` entries).
+    window: VecDeque<Option<Result<T, BatchError<E>>>>,
+    /// Items yielded (input order only).
+    yielded: usize,
+    /// No more items are taken: the iterator ended, or an error stopped the
+    /// map.
+    closed: bool,
+    /// The error that stopped the map, yielded after the outcomes before it.
+    failed: Option<BatchError<E>>,
+}
+
+impl<It, F, T, E> Map<It, F, T, E> {
+    fn new(target: Target, items: It, f: F) -> Self {
+        let limit = match &target {
+            Target::Pool(p) => p.inner().config.max_in_flight,
+            Target::Group(g) => g.pool.inner().config.max_in_flight,
+        };
+        Map {
+            target,
+            items,
+            f: Arc::new(f),
+            limit,
+            ordered: true,
+            stop_on_error: false,
+            group: None,
+            set: ReadySet::new(),
+            taken: 0,
+            window: VecDeque::new(),
+            yielded: 0,
+            closed: false,
+            failed: None,
+        }
+    }
+
+    /// At most `k` jobs in flight (at least 1). In input order, at most `k`
+    /// outcomes wait to be yielded too.
+    pub fn limit(mut self, k: usize) -> Self {
+        self.limit = k.max(1);
+        self
+    }
+
+    /// Yields outcomes as jobs finish, not in input order.
+    pub fn unordered(mut self) -> Self {
+        self.ordered = false;
+        self
+    }
+
+    /// On the first error (a function's `Err`, a panic, ...) stops the
+    /// rest: queued jobs are cancelled, running ones get their stop token
+    /// set, no more items are taken; the stream yields the outcomes before
+    /// the error (in input order: those before it with no gap), then the
+    /// error, then ends. Default: go on and yield every outcome.
+    pub fn stop_on_error(mut self) -> Self {
+        self.stop_on_error = true;
+        self
+    }
+}
+
+impl<It, F, T, E> Map<It, F, T, E>
+where
+    It: Iterator,
+    It::Item: Send + 'static,
+    F: Fn(It::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    /// Takes items while there is room.
+    fn fill(&mut self) {
+        let group = self
+            .group
+            .get_or_insert_with(|| self.target.group().on_drop(GroupDropPolicy::Stop));
+        while !self.closed && self.set.live() < self.limit && self.window.len() < self.limit {
+            let Some(item) = self.items.next() else {
+                self.closed = true;
+                break;
+            };
+            let f = self.f.clone();
+            let call: Call<T, E> = Box::new(move |stop| f(item, stop));
+            self.set.push(group.offload(call).into_future(), self.taken);
+            self.taken += 1;
+            if self.ordered {
+                self.window.push_back(None);
+            }
+        }
+    }
+
+    /// The error policy's stop: cancels or stops every job in flight and
+    /// takes no more items; `error` is yielded after the outcomes before it.
+    fn stop(&mut self, error: BatchError<E>) {
+        self.closed = true;
+        if let Some(group) = &self.group {
+            group.stop();
+        }
+        self.set.clear();
+        self.failed = Some(error);
+        // In input order, only the outcomes before the first gap are still
+        // yielded.
+        if let Some(gap) = self.window.iter().position(Option::is_none) {
+            self.window.truncate(gap);
+        }
+    }
+}
+
+// Nothing is pinned in place: the jobs' futures are boxed.
+impl<It: Unpin, F, T, E> Unpin for Map<It, F, T, E> {}
+
+impl<It, F, T, E> Stream for Map<It, F, T, E>
+where
+    It: Iterator + Unpin,
+    It::Item: Send + 'static,
+    F: Fn(It::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    type Item = Result<T, BatchError<E>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.ordered && matches!(this.window.front(), Some(Some(_))) {
+                this.yielded += 1;
+                return Poll::Ready(this.window.pop_front().flatten());
+            }
+            if let Some(error) = this.failed.take() {
+                this.window.clear();
+                return Poll::Ready(Some(Err(error)));
+            }
+            this.fill();
+            let (i, outcome) = match this.set.poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(done)) => done,
+            };
+            let outcome = match outcome {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(e)) => Err(BatchError::Failed(e)),
+                Err(e) => Err(BatchError::Job(e)),
+            };
+            let outcome = match outcome {
+                Err(error) if this.stop_on_error => {
+                    this.stop(error);
+                    continue;
+                }
+                outcome => outcome,
+            };
+            if !this.ordered {
+                return Poll::Ready(Some(outcome));
+            }
+            if let Some(slot) = this.window.get_mut(i - this.yielded) {
+                *slot = Some(outcome);
+            }
+        }
+    }
+}
+
+impl<It, F, T, E> fmt::Debug for Map<It, F, T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Map")
+            .field("limit", &self.limit)
+            .field("ordered", &self.ordered)
+            .field("stop_on_error", &self.stop_on_error)
+            .field("taken", &self.taken)
+            .field("in_flight", &self.set.live())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,149 @@
+//! Leaf module: a set of futures polled only when they are woken, for the
+//! batch calls (`batch.rs`, `map.rs`). Each future gets its own waker, which
+//! queues its index and wakes the set's task; a poll of the set polls the
+//! queued futures only, so a batch of n jobs costs O(n) polls in all, not
+//! O(n) per wake-up.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+
+/// What the wakers of one set share.
+#[derive(Default)]
+struct Shared {
+    /// Indices of woken futures, each at most once.
+    queue: Mutex<VecDeque<usize>>,
+    /// The task polling the set.
+    task: Mutex<Option<Waker>>,
+}
+
+/// One future's waker: queues its index, then wakes the set's task (after
+/// letting go of the queue's lock: the task's waker is foreign code).
+struct Slot {
+    index: usize,
+    queued: AtomicBool,
+    shared: Arc<Shared>,
+}
+
+impl Wake for Slot {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // ORDERING: AcqRel pairs with the poller's clearing store, so a wake
+        // after the poller took the index queues it again.
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        lock(&self.shared.queue).push_back(self.index);
+        let task = lock(&self.shared.task).clone();
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A future in the set, with its caller's tag and its waker.
+struct Entry<F> {
+    fut: Pin<Box<F>>,
+    tag: usize,
+    slot: Arc<Slot>,
+}
+
+/// Futures, each with a tag, polled when woken. Slots of finished futures
+/// are reused, so memory follows the futures in the set, not all ever
+/// pushed.
+pub(crate) struct ReadySet<F> {
+    entries: Vec<Option<Entry<F>>>,
+    free: Vec<usize>,
+    shared: Arc<Shared>,
+    live: usize,
+}
+
+impl<F> ReadySet<F> {
+    pub(crate) fn new() -> Self {
+        ReadySet {
+            entries: Vec::new(),
+            free: Vec::new(),
+            shared: Arc::default(),
+            live: 0,
+        }
+    }
+
+    /// Adds `fut`, tagged `tag` (polled at the next poll).
+    pub(crate) fn push(&mut self, fut: F, tag: usize) {
+        let index = self.free.pop().unwrap_or(self.entries.len());
+        // A waker of the slot's earlier future may still queue `index`: the
+        // new future is then polled once more than needed, which is allowed.
+        let slot = Arc::new(Slot {
+            index,
+            queued: AtomicBool::new(true),
+            shared: self.shared.clone(),
+        });
+        lock(&self.shared.queue).push_back(index);
+        let entry = Some(Entry {
+            fut: Box::pin(fut),
+            tag,
+            slot,
+        });
+        match self.entries.get_mut(index) {
+            Some(e) => *e = entry,
+            None => self.entries.push(entry),
+        }
+        self.live += 1;
+    }
+
+    /// Futures pushed and not yet finished.
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Drops every unfinished future.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.free.clear();
+        self.live = 0;
+    }
+}
+
+impl<F: Future> ReadySet<F> {
+    /// The next future to finish, with its tag; `Ready(None)` when none is
+    /// left.
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, F::Output)>> {
+        if self.live == 0 {
+            return Poll::Ready(None);
+        }
+        {
+            let mut task = lock(&self.shared.task);
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        loop {
+            let Some(index) = lock(&self.shared.queue).pop_front() else {
+                return Poll::Pending;
+            };
+            let Some(e) = self.entries.get_mut(index).and_then(Option::as_mut) else {
+                continue;
+            };
+            // ORDERING: see `Slot::wake_by_ref`.
+            e.slot.queued.store(false, Ordering::Release);
+            let waker = Waker::from(e.slot.clone());
+            if let Poll::Ready(out) = e.fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+                let tag = e.tag;
+                self.entries[index] = None;
+                self.free.push(index);
+                self.live -= 1;
+                return Poll::Ready(Some((tag, out)));
+            }
+        }
+    }
+}

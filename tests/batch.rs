@@ -1,0 +1,373 @@
+//! Batch calls (issue 13): `invoke_all`, `invoke_any` and `map`, with the
+//! permit and abandon semantics of single offloads. Every wait is bounded;
+//! events are ordered by gates and signals, never by sleeps.
+
+mod support;
+
+use std::future::poll_fn;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures_core::Stream;
+use offloader::{AbandonPolicy, BatchError, Error, Fate, JobState, StopToken};
+use support::*;
+
+/// The next item of a stream, within [`HANG`].
+async fn next<S: Stream>(mut s: Pin<&mut S>) -> Option<S::Item> {
+    within("the next item", poll_fn(|cx| s.as_mut().poll_next(cx))).await
+}
+
+type Call<T> = Box<dyn FnOnce(&StopToken) -> T + Send>;
+
+/// Outcomes come back in input order, panics included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_all_returns_every_outcome_in_order() {
+    quiet_deliberate_panics();
+    let pool = pool(2, 16);
+    let fs: Vec<Call<usize>> = (0..6)
+        .map(|i| -> Call<usize> {
+            Box::new(move |_| {
+                if i == 4 {
+                    panic!("{}", ON_PURPOSE);
+                }
+                i * 10
+            })
+        })
+        .collect();
+    let out = within("invoke_all", pool.invoke_all(fs)).await;
+    assert_eq!(out.len(), 6);
+    for (i, o) in out.iter().enumerate() {
+        match o {
+            Ok(v) => assert_eq!(*v, i * 10),
+            Err(e) => assert!(i == 4 && e.is_panic(), "{i}: {e}"),
+        }
+    }
+    assert!(within("empty", pool.invoke_all(Vec::<Call<()>>::new()))
+        .await
+        .is_empty());
+}
+
+/// At the timeout, unfinished jobs follow the abandon policy and say so:
+/// under `CancelIfQueued` the running one goes on, the queued ones are
+/// cancelled; the finished one has its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_all_with_timeout_applies_the_abandon_policy() {
+    let pool = pool(1, 16);
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut fs: Vec<Call<u32>> = vec![Box::new(|_| 1)];
+    fs.push(Box::new(move |_| {
+        tx.send(()).unwrap();
+        hold.wait();
+        2
+    }));
+    fs.push(Box::new(|_| 3));
+    fs.push(Box::new(|_| 4));
+    let batch = pool
+        .invoke_all(fs)
+        .with_timeout(SHORT)
+        .on_abandon(AbandonPolicy::CancelIfQueued);
+    let out = within("invoke_all", batch).await;
+    recv("the held job ran", &mut started).await;
+    assert_eq!(*out[0].as_ref().unwrap(), 1);
+    match &out[1] {
+        Err(Error::TimedOut { state, fate, .. }) => {
+            assert_eq!((*state, *fate), (JobState::Running, Fate::KeptRunning));
+        }
+        other => panic!("{other:?}"),
+    }
+    for o in &out[2..] {
+        match o {
+            Err(Error::TimedOut { fate, .. }) => assert_eq!(*fate, Fate::CancelledBeforeStart),
+            other => panic!("{other:?}"),
+        }
+    }
+    g.open();
+    within("idle", pool.idle()).await;
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.cancelled), (2, 2), "{m:?}");
+}
+
+/// The first `Ok` wins; the queued loser is cancelled and never runs; the
+/// running loser gets its stop token set and keeps its permit until its
+/// function returns: with two permits, an outside job waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_any_stops_the_losers_which_keep_their_permits() {
+    let pool = pool(2, 16);
+    let (loser_gate, loser_hold) = gate();
+    let (tx, mut started) = signal();
+    let (win_gate, win_hold) = gate();
+    let ran_queued = flag();
+    let rq = ran_queued.clone();
+    let tx2 = tx.clone();
+    let fs: Vec<Call<Result<&str, String>>> = vec![
+        Box::new(move |stop| {
+            tx2.send(()).unwrap();
+            // Ignores its stop token until the test lets it go.
+            while !stop.is_stopped() {
+                std::thread::yield_now();
+            }
+            loser_hold.wait();
+            Err("stopped".into())
+        }),
+        Box::new(move |_| {
+            tx.send(()).unwrap();
+            win_hold.wait();
+            Ok("winner")
+        }),
+        Box::new(move |_| {
+            rq.store(true, Ordering::SeqCst);
+            Ok("queued loser")
+        }),
+    ];
+    let race = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.invoke_any(fs).await }
+    });
+    recv("first", &mut started).await;
+    recv("second", &mut started).await;
+    win_gate.open();
+    let won = within("invoke_any", race).await.unwrap();
+    assert_eq!(won.unwrap(), (1, "winner"));
+    // The winner's permit may start the queued loser in the moment before
+    // the stop (the worker takes the next job as its function returns);
+    // otherwise the stop cancelled it and it never runs.
+    within("the queued loser settled", async {
+        while pool.metrics().cancelled == 0 && !ran_queued.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let cancelled = pool.metrics().cancelled;
+    assert_eq!(cancelled + u64::from(ran_queued.load(Ordering::SeqCst)), 1);
+    within("the queued loser finished", async {
+        while pool.metrics().running > 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // One permit is free, the other is the stopped loser's: of two outside
+    // jobs, the second waits until the loser's function returns.
+    let (outside_gate, outside_hold) = gate();
+    let (otx, mut outside_started) = signal();
+    let first = pool
+        .offload(move |_| {
+            otx.send(()).unwrap();
+            outside_hold.wait();
+        })
+        .spawn()
+        .unwrap();
+    recv("the first outside job", &mut outside_started).await;
+    let second = pool.offload(|_| "second").spawn().unwrap();
+    let m = pool.metrics();
+    assert_eq!(m.running, 2, "{m:?}");
+    assert_eq!(
+        second.state(),
+        JobState::Queued,
+        "one permit is the loser's"
+    );
+    loser_gate.open();
+    assert_eq!(
+        within("the second outside job", second).await.unwrap(),
+        "second"
+    );
+    outside_gate.open();
+    within("the first outside job", first).await.unwrap();
+    within("idle", pool.idle()).await;
+}
+
+/// If every function fails, every error comes back in input order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_any_returns_every_error_when_all_fail() {
+    quiet_deliberate_panics();
+    let pool = pool(2, 16);
+    let fs: Vec<Call<Result<(), usize>>> = vec![
+        Box::new(|_| Err(0)),
+        Box::new(|_| panic!("{}", ON_PURPOSE)),
+        Box::new(|_| Err(2)),
+    ];
+    let errors = within("invoke_any", pool.invoke_any(fs)).await.unwrap_err();
+    assert_eq!(errors.len(), 3);
+    assert!(matches!(errors[0], BatchError::Failed(0)));
+    assert!(matches!(&errors[1], BatchError::Job(e) if e.is_panic()));
+    assert!(matches!(errors[2], BatchError::Failed(2)));
+    let none = pool.invoke_any(Vec::<Call<Result<(), ()>>>::new());
+    assert!(within("empty", none).await.unwrap_err().is_empty());
+}
+
+/// Dropping an `invoke_any` future stops its jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_invoke_any_stops_its_jobs() {
+    let pool = pool(2, 16);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let (back_tx, mut back) = signal();
+    let fs: Vec<Call<Result<(), ()>>> = (0..2)
+        .map(|_| -> Call<Result<(), ()>> {
+            let (hold, tx, back_tx) = (hold.clone(), tx.clone(), back_tx.clone());
+            Box::new(move |stop| {
+                tx.send(()).unwrap();
+                back_tx.send(hold.wait_or_stop(stop)).unwrap();
+                Ok(())
+            })
+        })
+        .collect();
+    let race = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.invoke_any(fs).await }
+    });
+    recv("first", &mut started).await;
+    recv("second", &mut started).await;
+    race.abort();
+    assert!(recv("a job stopped", &mut back).await);
+    assert!(recv("a job stopped", &mut back).await);
+    within("idle", pool.idle()).await;
+}
+
+/// `map` keeps at most `limit` jobs in flight, takes items only as room
+/// frees, and yields in input order even when a later item finishes
+/// first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_is_bounded_lazy_and_ordered() {
+    let pool = pool(8, 1024);
+    let probe = Concurrency::default();
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let items = (0..200usize).inspect(move |_| {
+        p.fetch_add(1, Ordering::SeqCst);
+    });
+    let (g, hold) = gate();
+    let (tx, mut second_done) = signal();
+    let pr = probe.clone();
+    let mut s = pin!(pool
+        .map(items, move |i, _| {
+            let _in = pr.enter();
+            if i == 0 {
+                hold.wait(); // item 0 finishes after item 1
+            }
+            if i == 1 {
+                tx.send(()).unwrap();
+            }
+            Ok::<_, ()>(i)
+        })
+        .limit(3));
+    let opener = tokio::spawn(async move {
+        recv("item 1 done", &mut second_done).await;
+        g.open();
+    });
+    for i in 0..200 {
+        assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
+        assert!(pulled.load(Ordering::SeqCst) <= i + 1 + 3, "taken lazily");
+    }
+    assert!(next(s.as_mut()).await.is_none());
+    within("opener", opener).await.unwrap();
+    assert!(probe.max() <= 3, "at most 3 in flight: {}", probe.max());
+    assert_eq!(pulled.load(Ordering::SeqCst), 200);
+}
+
+/// `unordered` yields as jobs finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_unordered_yields_in_completion_order() {
+    let pool = pool(2, 16);
+    let (g, hold) = gate();
+    let mut s = pin!(pool
+        .map([0, 1], move |i, _| {
+            if i == 0 {
+                hold.wait();
+            }
+            Ok::<_, ()>(i)
+        })
+        .unordered());
+    assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), 1);
+    g.open();
+    assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), 0);
+    assert!(next(s.as_mut()).await.is_none());
+}
+
+/// `stop_on_error`: the outcomes before the error, then the error, then the
+/// end; no more items are taken, and the jobs in flight are stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_stop_on_error_stops_the_rest() {
+    let pool = pool(2, 16);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let (back_tx, mut back) = signal();
+    let (_g, hold) = gate();
+    // Item 3 fails only once item 4 runs beside it.
+    let (four_tx, four_rx) = std::sync::mpsc::channel::<()>();
+    let four_rx = std::sync::Mutex::new(four_rx);
+    let mut s = pin!(pool
+        .map(0..1000usize, move |i, stop| {
+            r.fetch_add(1, Ordering::SeqCst);
+            match i {
+                3 => {
+                    let _ = four_rx.lock().unwrap().recv_timeout(HANG);
+                    Err(format!("item {i} failed"))
+                }
+                4 => {
+                    four_tx.send(()).unwrap();
+                    // Held until the stop reaches it.
+                    back_tx.send(hold.wait_or_stop(stop)).unwrap();
+                    Ok(i)
+                }
+                _ => Ok(i),
+            }
+        })
+        .limit(2)
+        .stop_on_error());
+    for i in 0..3 {
+        assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
+    }
+    match next(s.as_mut()).await {
+        Some(Err(BatchError::Failed(e))) => assert_eq!(e, "item 3 failed"),
+        other => panic!("{other:?}"),
+    }
+    assert!(next(s.as_mut()).await.is_none());
+    assert!(recv("item 4 saw the stop", &mut back).await);
+    within("idle", pool.idle()).await;
+    assert!(
+        ran.load(Ordering::SeqCst) <= 5,
+        "no item past the window ran"
+    );
+}
+
+/// By default the map goes on past errors and yields every outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_goes_on_past_errors_by_default() {
+    let pool = pool(2, 16);
+    let mut s = pin!(pool.map(0..10, |i, _| if i % 3 == 0 { Err(i) } else { Ok(i) }));
+    let mut errors = Vec::new();
+    let mut values = Vec::new();
+    while let Some(o) = next(s.as_mut()).await {
+        match o {
+            Ok(v) => values.push(v),
+            Err(BatchError::Failed(e)) => errors.push(e),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(errors, [0, 3, 6, 9]);
+    assert_eq!(values, [1, 2, 4, 5, 7, 8]);
+}
+
+/// Dropping a map stream stops its jobs in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_map_stops_its_jobs() {
+    let pool = pool(2, 16);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let (back_tx, mut back) = signal();
+    {
+        let mut s = Box::pin(pool.map(0..2, move |_, stop| {
+            tx.send(()).unwrap();
+            back_tx.send(hold.wait_or_stop(stop)).unwrap();
+            Ok::<_, ()>(())
+        }));
+        assert!(support::still_pending(poll_fn(|cx| s.as_mut().poll_next(cx))).await);
+        recv("first", &mut started).await;
+        recv("second", &mut started).await;
+    }
+    assert!(recv("stopped", &mut back).await);
+    assert!(recv("stopped", &mut back).await);
+    within("idle", pool.idle()).await;
+}

@@ -436,7 +436,10 @@
 //! - `blocking_socket`: a deadline bounding a `TcpStream` read, and a stop
 //!   request shutting the socket down;
 //! - `durable_ledger`: a SQLite ledger fed by the observer, a forced staged
-//!   close, and an idempotent recovery after a restart.
+//!   close, and an idempotent recovery after a restart;
+//! - `race_mirrors`: [`Offloader::invoke_any`] racing three local mirrors;
+//!   the losers' stop tokens shut their sockets down, and their permits
+//!   come back when their functions return.
 
 #![forbid(unsafe_code)]
 #![warn(

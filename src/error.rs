@@ -229,7 +229,7 @@ pub enum Rejected {
     /// The job was offloaded through a [`JobGroup`](crate::JobGroup) that
     /// has been stopped (or closed), or whose ancestor has. Counted in the
     /// group's [`GroupMetrics::rejected`](crate::GroupMetrics::rejected).
-    #[error("the job group was stopped and accepts no new jobs")]
+    #[error("the job group was stopped or is closing, and accepts no new jobs")]
     GroupStopped,
 }
 

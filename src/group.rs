@@ -3,6 +3,8 @@
 //! (`state/groups.rs`, invariants G1–G4); this module is the handle.
 
 use std::fmt;
+use std::future::poll_fn;
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::clock::Began;
@@ -10,7 +12,6 @@ use crate::metrics::GroupMetrics;
 use crate::policy::GroupDropPolicy;
 use crate::pool::{Inner, Offloader};
 use crate::report::{CloseReport, RunningJob, UnstartedJob};
-use crate::shutdown::wait;
 use crate::slab::Key;
 use crate::state::{After, StoppedJobs};
 use crate::sync::{Arc, AtomicBool, Ordering};
@@ -130,6 +131,13 @@ impl JobGroup {
         self.shared.inner.lock().group_stopped(self.shared.key)
     }
 
+    /// `true` once the group refuses new jobs: it (or an ancestor) was
+    /// stopped, or a [`close`](Self::close) began (even one that was then
+    /// dropped, or that did not need to stop anything). Never reset.
+    pub fn is_closed(&self) -> bool {
+        self.shared.inner.lock().group_closed(self.shared.key)
+    }
+
     /// A consistent snapshot of the counts of the group's jobs, its
     /// descendants' included.
     pub fn metrics(&self) -> GroupMetrics {
@@ -144,10 +152,30 @@ impl JobGroup {
 
     /// Waits until every job accepted through the group or a descendant is
     /// terminal and its outcome published. Jobs offloaded while it waits
-    /// are waited for too.
+    /// are waited for too. Only this group's waiters are woken when it
+    /// becomes idle.
+    ///
+    /// Under a paused tokio clock, the wait holds the clock while the
+    /// group's jobs run on real threads, as the pool's own waits do.
     pub async fn idle(&self) {
-        let key = self.shared.key;
-        wait(&self.shared.inner, move |s| s.group_idle(key)).await;
+        let (inner, key) = (&self.shared.inner, self.shared.key);
+        let Some(list) = inner.lock().group_wait_list(key) else {
+            return;
+        };
+        let mut waiter = list.registration();
+        let mut hold = None;
+        poll_fn(|cx| {
+            // Registered before the test: a wake-up after it is not lost.
+            waiter.set(cx.waker());
+            if inner.lock().group_idle(key) {
+                return Poll::Ready(());
+            }
+            if hold.is_none() {
+                hold = inner.clock_holds.hold();
+            }
+            Poll::Pending
+        })
+        .await;
     }
 
     /// The running jobs of the group and its descendants.
@@ -156,11 +184,17 @@ impl JobGroup {
     }
 
     /// Closes the group in stages, without shutting the pool down: new
-    /// offloads through it (and its descendants) are refused at once; its
-    /// jobs get up to `graceful` to finish; then, if needed, the group is
-    /// [stopped](Self::stop) and gets up to `after_stop` more. The report's
-    /// `unstarted` lists the queued jobs the stop cancelled; `terminated`
-    /// says whether the group went idle.
+    /// offloads through it (and its descendants) are refused at once, for
+    /// good ([`is_closed`](Self::is_closed)); its jobs get up to `graceful`
+    /// to finish; then, if needed, the group is [stopped](Self::stop) and
+    /// gets up to `after_stop` more. The report's `unstarted` lists the
+    /// queued jobs the stop cancelled; `terminated` says whether the group
+    /// went idle.
+    ///
+    /// Under a paused tokio clock the budgets are measured on that clock,
+    /// which the waits hold while the group's jobs run (see
+    /// [`idle`](Self::idle)): a job that never returns keeps the close
+    /// waiting until the test advances the clock itself.
     ///
     /// # Panics
     ///

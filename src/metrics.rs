@@ -113,8 +113,10 @@ impl Metrics {
 pub struct GroupMetrics {
     /// Jobs accepted through the group or a descendant.
     pub accepted: u64,
-    /// Jobs refused because the group (or an ancestor) was stopped;
-    /// descendants' refusals are counted in their own metrics.
+    /// Jobs refused because the group (or an ancestor) was stopped or
+    /// closing; descendants' refusals are counted in their own metrics, and
+    /// other refusals (a full queue, a pool shutting down) in the pool's
+    /// [`Metrics`] only.
     pub rejected: u64,
     /// Of the accepted jobs, those waiting in the queue now.
     pub queued: u64,
@@ -130,6 +132,8 @@ pub struct GroupMetrics {
     pub unstarted: u64,
     /// Whether the group has been stopped.
     pub stopped: bool,
+    /// Whether the group refuses new jobs (stopped, or a close began).
+    pub closed: bool,
 }
 
 impl GroupMetrics {

@@ -248,6 +248,7 @@ impl Inner {
             events,
             release,
             dead,
+            idle_groups,
         } = after;
         for worker in unpark {
             worker.unpark();
@@ -264,6 +265,9 @@ impl Inner {
         if settled {
             self.changed.notify_all();
             self.progress.wake_all();
+        }
+        for list in idle_groups {
+            list.wake_all();
         }
         if let Some(task) = release {
             crate::quiet::drop_quietly(task);

@@ -333,7 +333,7 @@ impl Offloader {
 
 /// Waits until `settled` holds (inv. 2, async side). Retired threads that
 /// nobody joined yet are joined on the way, off the async thread.
-pub(crate) async fn wait(inner: &Arc<Inner>, settled: impl Fn(&State) -> bool) {
+async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
     refuse_on_delivery_thread(inner);
     // Counted so that transitions signal it (state.rs `settle_check`).
     let _registered = Waiting::new(inner, Waiters::Settle);

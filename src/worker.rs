@@ -28,10 +28,6 @@ use crate::sync::{park_timeout, thread, Arc};
 /// back. Off under loom, whose scheduler cannot preempt a spin loop.
 pub(crate) const SPIN: bool = cfg!(not(loom));
 /// Callers spin for an outcome only while recent jobs ran shorter than this.
-/// An outcome this worker published that is still counted as unpublished
-/// (`Some`), with its job's group if it has one.
-type Owed = Option<Option<Key>>;
-
 const CALLER_SPIN_MAX_RUN_NS: u64 = 5_000;
 /// The longest a caller spins before it parks: well under the tens of
 /// microseconds an async task may run between awaits.
@@ -71,7 +67,7 @@ impl Inner {
         crate::sync::mark_pool_thread(Arc::as_ptr(&self) as usize, crate::sync::Role::Worker);
         // `owed`: this worker published an outcome still counted as
         // unpublished.
-        let mut owed: Owed = None;
+        let mut owed = false;
         let mut next = self.wait_for_work(me, slot, true, &mut owed);
         while let Some(task) = next {
             let core = task.core();
@@ -91,8 +87,8 @@ impl Inner {
                 ran = core.clock();
                 self.note_run_time(ran);
                 let mut s = self.lock();
-                if let Some(group) = owed.take() {
-                    s.published_one(group, &mut after);
+                if std::mem::take(&mut owed) {
+                    s.published(1, &mut after);
                 }
                 s.finish(core, did_panic, ran, &mut after);
                 // The next job is marked started in this same critical
@@ -123,7 +119,16 @@ impl Inner {
             let group = core.membership().map(|m| m.group);
             // Drops a detached job's result: user code, caught if it panics.
             drop_quietly(task);
-            owed = Some(group);
+            if group.is_some() {
+                // Settled now, not at this worker's next lock: that may be
+                // after the next job, of another group, has run (a group's
+                // idleness must not wait for it).
+                let mut after = After::default();
+                self.lock().published_one(group, &mut after);
+                self.after(after);
+            } else {
+                owed = true;
+            }
             next = following;
             if next.is_none() {
                 next = self.wait_for_work(me, slot, true, &mut owed);
@@ -150,12 +155,12 @@ impl Inner {
         me: u64,
         slot: Key,
         mut searching: bool,
-        owed: &mut Owed,
+        owed: &mut bool,
     ) -> Option<Arc<dyn Task>> {
         let mut after = After::default();
         let mut s = self.lock();
-        if let Some(group) = owed.take() {
-            s.published_one(group, &mut after);
+        if std::mem::take(owed) {
+            s.published(1, &mut after);
         }
         let mut spun = false;
         loop {

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::future::Future;
 use std::time::Duration;
 
 use offloader::{GroupDropPolicy, GroupMetrics, JobGroup, JobState, Offloader, Rejected};
@@ -384,4 +385,144 @@ async fn a_group_keeps_its_pool() {
     };
     assert_eq!(within("a job", group.offload(|_| 5)).await.unwrap(), 5);
     assert_eq!(group.pool().metrics().completed, 1);
+}
+
+/// A group's idleness does not wait for the next job its last job's worker
+/// took in the same critical section (a job of no group, held on a gate):
+/// the group's outcome is settled when it is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_does_not_wait_for_the_workers_next_job() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let (a_gate, a_hold) = gate();
+    let (tx, mut started) = signal();
+    // Kept, not polled: no waker, so the worker takes the next job at once.
+    let a = group
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            a_hold.wait();
+            1
+        })
+        .spawn()
+        .unwrap();
+    recv("a", &mut started).await;
+    let (b_gate, b_hold) = gate();
+    let b = pool.offload(move |_| b_hold.wait()).spawn().unwrap();
+    a_gate.open();
+    eventually("a finished", || a.is_finished()).await;
+    within("the group idle while b runs", group.idle()).await;
+    assert!(group.is_idle());
+    assert_eq!(b.state(), JobState::Running);
+    b_gate.open();
+    assert_eq!(within("a", a).await.unwrap(), 1);
+    within("b", b).await.unwrap();
+}
+
+/// One group becoming idle wakes its own idleness waiters, not those of
+/// other groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_going_idle_wakes_only_its_own_waiters() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let pool = pool(2, 16);
+    let (x, y) = (pool.group(), pool.group());
+    let (x_gate, x_hold) = gate();
+    let (tx, mut started) = signal();
+    let xj = held(&x, &x_hold, &tx);
+    recv("x's job", &mut started).await;
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    let waker = Waker::from(count.clone());
+    let mut x_idle = Box::pin(x.idle());
+    assert!(x_idle
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    for i in 0..10 {
+        assert_eq!(within("y's job", y.offload(move |_| i)).await.unwrap(), i);
+        within("y idle", y.idle()).await;
+    }
+    assert_eq!(
+        count.0.load(Ordering::SeqCst),
+        0,
+        "x's waiter was not woken"
+    );
+    x_gate.open();
+    assert!(!within("x's job", xj).await.unwrap());
+    eventually("x's waiter woken", || count.0.load(Ordering::SeqCst) > 0).await;
+    within("x idle", x_idle).await;
+}
+
+/// Children dropped in any order leave the others linked: a parent's stop
+/// still reaches every child that remains, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_children_leave_the_rest_reachable() {
+    let pool = pool(2, 4096);
+    let parent = pool.group();
+    let mut children: Vec<Option<JobGroup>> = (0..200).map(|_| Some(parent.child())).collect();
+    // Drop every third, then every other of the rest, from both ends.
+    for (i, c) in children.iter_mut().enumerate() {
+        if i % 3 == 0 {
+            drop(c.take());
+        }
+    }
+    for (i, c) in children.iter_mut().rev().enumerate() {
+        if i % 2 == 0 {
+            drop(c.take());
+        }
+    }
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let blocker = held(&pool.group(), &hold, &tx);
+    let blocker2 = held(&pool.group(), &hold, &tx);
+    recv("blocker", &mut started).await;
+    recv("blocker2", &mut started).await;
+    let queued: Vec<_> = children
+        .iter()
+        .flatten()
+        .map(|c| c.offload(|_| ()).spawn().unwrap())
+        .collect();
+    assert!(!queued.is_empty());
+    assert_eq!(parent.metrics().queued as usize, queued.len());
+    parent.stop();
+    for q in queued {
+        assert!(within("a child's job", q).await.unwrap_err().is_cancelled());
+    }
+    assert!(children.iter().flatten().all(JobGroup::is_stopped));
+    drop(children);
+    drop(_g);
+    within("blocker", blocker).await.unwrap();
+    within("blocker2", blocker2).await.unwrap();
+}
+
+/// A close that was dropped, or that did not need to stop anything, leaves
+/// the group closed (refusing jobs) but not stopped, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_close_leaves_the_group_closed_not_stopped() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let job = held(&group, &hold, &tx);
+    recv("the job", &mut started).await;
+    let closing = group.close(HANG, HANG);
+    assert!(still_pending(closing).await);
+    assert!(group.is_closed() && !group.is_stopped());
+    let m = group.metrics();
+    assert!(m.closed && !m.stopped, "{m:?}");
+    let refused = group.offload(|_| ()).spawn().unwrap_err();
+    assert!(refused.to_string().contains("closing"), "{refused}");
+    assert!(
+        group.child().is_closed(),
+        "a child of a closed group is born closed"
+    );
+    g.open();
+    assert!(!within("the job", job).await.unwrap());
 }

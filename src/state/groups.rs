@@ -29,6 +29,7 @@ use crate::metrics::GroupMetrics;
 use crate::report::RunningJob;
 use crate::slab::{Key, List, Slab};
 use crate::sync::Arc;
+use crate::wait_list::WaitList;
 
 /// What a group stop leaves to do after unlocking.
 #[derive(Default)]
@@ -42,9 +43,13 @@ pub(crate) struct StoppedJobs {
 /// One group's record in the pool's state.
 #[derive(Default)]
 pub(crate) struct GroupRec {
+    /// This record's own key.
+    key: Key,
     parent: Option<Key>,
-    /// Live child records.
-    children: Vec<Key>,
+    /// Live child records, linked through the group slab (O(1) unlink).
+    children: List,
+    /// Async waiters for this group's idleness, made by the first one.
+    idle_waiters: Option<std::sync::Arc<WaitList>>,
     /// Own queued and running jobs, by their key in the pool's job slab
     /// (G4), linked in `member_list`.
     members: Slab<Key>,
@@ -76,8 +81,11 @@ impl State {
             closed,
             ..GroupRec::default()
         });
-        if let Some(p) = parent.and_then(|p| self.groups.get_mut(p)) {
-            p.children.push(key);
+        if let Some(g) = self.groups.get_mut(key) {
+            g.key = key;
+        }
+        if let Some(p) = parent {
+            self.with_children(p, |groups, list| groups.push_back(list, key));
         }
         key
     }
@@ -161,26 +169,33 @@ impl State {
         if let Some(g) = self.groups.get_mut(key) {
             g.own_pending -= 1;
         }
-        let mut idle = false;
         self.each_group(key, |c| {
             c.pending -= 1;
-            idle |= c.pending == 0;
+            if c.pending == 0 {
+                after.idle_groups.extend(c.idle_waiters.clone());
+            }
         });
-        if idle && self.settle_waiters > 0 {
-            after.settled = true;
-        }
         self.group_free_unused(key);
     }
 
     /// Marks group `key` and its descendants closed: new jobs are refused.
     pub(crate) fn group_close(&mut self, key: Key) {
-        let mut todo = vec![key];
-        while let Some(k) = todo.pop() {
+        for k in self.subtree(key) {
             if let Some(g) = self.groups.get_mut(k) {
                 g.closed = true;
-                todo.extend_from_slice(&g.children);
             }
         }
+    }
+
+    /// The wait list of group `key`'s idleness waiters (made on first use).
+    pub(crate) fn group_wait_list(&mut self, key: Key) -> Option<std::sync::Arc<WaitList>> {
+        let g = self.groups.get_mut(key)?;
+        Some(g.idle_waiters.get_or_insert_with(Default::default).clone())
+    }
+
+    /// Whether group `key` refuses new jobs (closing or stopped).
+    pub(crate) fn group_closed(&self, key: Key) -> bool {
+        self.groups.get(key).is_some_and(|g| g.closed)
     }
 
     /// Marks group `key` and its descendants stopped (and closed), cancels
@@ -193,15 +208,12 @@ impl State {
             return None;
         }
         let mut jobs = Vec::new();
-        let mut todo = vec![key];
-        while let Some(k) = todo.pop() {
+        for k in self.subtree(key) {
             let Some(g) = self.groups.get_mut(k) else {
                 continue;
             };
             g.stopped = true;
             g.closed = true;
-            todo.extend_from_slice(&g.children);
-            let g = &self.groups.get(k).expect("just seen");
             for &job in g.members.iter(&g.member_list) {
                 if let Some(task) = self.jobs.get(job) {
                     jobs.push(task.clone());
@@ -236,6 +248,7 @@ impl State {
             .get(key)
             .map(|g| GroupMetrics {
                 stopped: g.stopped,
+                closed: g.closed,
                 ..g.counts
             })
             .unwrap_or_default()
@@ -244,12 +257,10 @@ impl State {
     /// The running jobs of group `key` and its descendants.
     pub(crate) fn group_running_jobs(&self, key: Key) -> Vec<RunningJob> {
         let mut out = Vec::new();
-        let mut todo = vec![key];
-        while let Some(k) = todo.pop() {
+        for k in self.subtree(key) {
             let Some(g) = self.groups.get(k) else {
                 continue;
             };
-            todo.extend_from_slice(&g.children);
             for &job in g.members.iter(&g.member_list) {
                 if let Some(task) = self.jobs.get(job) {
                     if task.core().state_word() == RUNNING {
@@ -273,8 +284,33 @@ impl State {
         }
     }
 
+    /// Group `key` and its descendants, parents before children.
+    fn subtree(&self, key: Key) -> Vec<Key> {
+        let mut out = vec![key];
+        let mut i = 0;
+        while let Some(&k) = out.get(i) {
+            if let Some(g) = self.groups.get(k) {
+                out.extend(self.groups.iter(&g.children).map(|c| c.key));
+            }
+            i += 1;
+        }
+        out
+    }
+
+    /// Runs `f` on the slab and group `parent`'s list of children (the list
+    /// lives in the slab it links, so it is taken out meanwhile).
+    fn with_children(&mut self, parent: Key, f: impl FnOnce(&mut Slab<GroupRec>, &mut List)) {
+        let Some(mut list) = self.groups.get(parent).map(|p| p.children) else {
+            return;
+        };
+        f(&mut self.groups, &mut list);
+        if let Some(p) = self.groups.get_mut(parent) {
+            p.children = list;
+        }
+    }
+
     /// Removes group `key`'s record, and then its parent's, and so on, while
-    /// nothing refers to them any more (G3).
+    /// nothing refers to them any more (G3). O(1) per record.
     fn group_free_unused(&mut self, key: Key) {
         let mut next = Some(key);
         while let Some(k) = next {
@@ -285,12 +321,11 @@ impl State {
             if !unused {
                 return;
             }
-            next = self.groups.remove(k).and_then(|g| g.parent);
-            if let Some(p) = next.and_then(|p| self.groups.get_mut(p)) {
-                if let Some(i) = p.children.iter().position(|&c| c == k) {
-                    p.children.swap_remove(i);
-                }
+            next = self.groups.get(k).and_then(|g| g.parent);
+            if let Some(p) = next {
+                self.with_children(p, |groups, list| groups.unlink(list, k));
             }
+            self.groups.remove(k);
         }
     }
 }

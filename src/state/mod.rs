@@ -80,12 +80,14 @@ pub(crate) struct After {
     pub(crate) release: Option<Arc<dyn Task>>,
     /// Tombstones unlinked from the queue (S2), dropped after unlocking.
     pub(crate) dead: Vec<Arc<dyn Task>>,
+    /// Job groups that became idle: their waiters to wake.
+    pub(crate) idle_groups: Vec<std::sync::Arc<crate::wait_list::WaitList>>,
 }
 
 impl After {
     /// Whether carrying this out runs foreign code (waiters' wakers).
     pub(crate) fn runs_foreign_code(&self) -> bool {
-        self.room != Room::None || self.settled
+        self.room != Room::None || self.settled || !self.idle_groups.is_empty()
     }
 }
 

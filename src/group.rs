@@ -63,6 +63,23 @@ struct Shared {
     inner: Arc<Inner>,
     key: Key,
     stop_on_drop: AtomicBool,
+    /// Cancelled when the group's last handle goes: ends `stop_on` watches.
+    #[cfg(feature = "tokio-util")]
+    gone: tokio_util::sync::CancellationToken,
+}
+
+/// A handle to a group that does not keep it alive (for `stop_on`).
+#[cfg(feature = "tokio-util")]
+pub(crate) struct WeakGroup(std::sync::Weak<Shared>);
+
+#[cfg(feature = "tokio-util")]
+impl WeakGroup {
+    /// Stops the group if it still has a handle.
+    pub(crate) fn stop(&self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.stop();
+        }
+    }
 }
 
 impl Offloader {
@@ -82,6 +99,8 @@ impl JobGroup {
                 inner,
                 key,
                 stop_on_drop: AtomicBool::new(false),
+                #[cfg(feature = "tokio-util")]
+                gone: tokio_util::sync::CancellationToken::new(),
             }),
         }
     }
@@ -113,6 +132,17 @@ impl JobGroup {
 
     pub(crate) fn key(&self) -> Key {
         self.shared.key
+    }
+
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn downgrade(&self) -> WeakGroup {
+        WeakGroup(Arc::downgrade(&self.shared))
+    }
+
+    /// A token cancelled when the group's last handle is dropped.
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn gone(&self) -> tokio_util::sync::CancellationToken {
+        self.shared.gone.clone()
     }
 
     /// Stops the group and its descendants: new offloads through them are
@@ -266,6 +296,8 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        #[cfg(feature = "tokio-util")]
+        self.gone.cancel();
         // ORDERING: see `JobGroup::on_drop`.
         let stop = self.stop_on_drop.load(Ordering::Relaxed);
         let mut after = After::default();

@@ -483,6 +483,8 @@ mod group;
 mod offload;
 
 mod batch;
+#[cfg(feature = "tokio-util")]
+mod interop;
 mod map;
 
 #[cfg(all(test, loom))]

@@ -406,6 +406,13 @@ pub struct StopCallback {
 }
 
 impl StopCallback {
+    /// Lets go of the guard without unregistering: the callback stays
+    /// registered until stop fires or the stop source is dropped.
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn detach(mut self) {
+        self.registration = None;
+    }
+
     /// Returns `true` if the callback is still waiting for a stop request.
     pub fn is_registered(&self) -> bool {
         match &self.registration {

@@ -1,0 +1,125 @@
+//! Interop with tokio-util's `CancellationToken` (issue 13; feature
+//! `tokio-util`, run by `.ci/run` with `--features tokio-util`): a group
+//! follows a token, and a job's stop token is watched as one.
+
+#![cfg(feature = "tokio-util")]
+
+mod support;
+
+use offloader::StopToken;
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+/// Cancelling the token stops the group: its queued job is cancelled, its
+/// running one sees its stop token, and new offloads are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_stops_when_its_token_is_cancelled() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let request = CancellationToken::new();
+    group.stop_on(request.child_token());
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = group
+        .offload(move |stop| {
+            tx.send(()).unwrap();
+            hold.wait_or_stop(stop)
+        })
+        .spawn()
+        .unwrap();
+    recv("running", &mut started).await;
+    let queued = group.offload(|_| ()).spawn().unwrap();
+    assert!(!group.is_stopped());
+    request.cancel();
+    assert!(within("the running job", running).await.unwrap(), "stopped");
+    assert!(within("the queued job", queued)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+    assert!(group.is_stopped());
+    assert!(group.offload(|_| ()).spawn().is_err());
+}
+
+/// An already cancelled token stops the group before `stop_on` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_already_cancelled_token_stops_at_once() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let token = CancellationToken::new();
+    token.cancel();
+    group.stop_on(token);
+    assert!(group.is_stopped());
+}
+
+/// The watch ends when the group's last handle goes (it does not keep the
+/// group alive, and no task is left waiting on the token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_ends_with_the_group() {
+    let pool = pool(1, 16);
+    let token = CancellationToken::new();
+    let before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let group = pool.group();
+    group.stop_on(token.clone());
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        before + 1
+    );
+    drop(group);
+    eventually("the watch task ended", || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+            == before
+    })
+    .await;
+    assert!(!token.is_cancelled());
+}
+
+/// Outside a runtime the watch runs on a thread of its own.
+#[test]
+fn stop_on_works_outside_a_runtime() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let token = CancellationToken::new();
+    group.stop_on(token.clone());
+    token.cancel();
+    let deadline = std::time::Instant::now() + HANG;
+    while !group.is_stopped() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group never stopped"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A job's stop token, watched from async code as a cancellation token; a
+/// token tree reaches the job through its group and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_stop_token_is_watched_as_a_cancellation_token() {
+    let pool = pool(1, 16);
+    let group = pool.group();
+    let root = CancellationToken::new();
+    group.stop_on(root.child_token());
+    let (token_tx, mut token_rx) = signal();
+    let (_g, hold) = gate();
+    let job = group
+        .offload(move |stop: &StopToken| {
+            token_tx.send(stop.cancellation_token()).unwrap();
+            hold.wait_or_stop(stop)
+        })
+        .spawn()
+        .unwrap();
+    let watched = recv("the job's token", &mut token_rx).await;
+    assert!(!watched.is_cancelled());
+    root.cancel();
+    within("the job's token cancelled", watched.cancelled()).await;
+    assert!(within("the job", job).await.unwrap());
+    let standalone = StopToken::new();
+    standalone.request_stop();
+    assert!(standalone.cancellation_token().is_cancelled());
+}

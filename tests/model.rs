@@ -81,8 +81,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use offloader::{
-    AbandonPolicy, Error, EventKind, Fate, JobEvent, JobHandle, JobId, JobState, Metrics, Observer,
-    OffloadFuture, Offloader, Rejected, StopToken, SubmitError, WeakOffloader,
+    AbandonPolicy, Error, EventKind, Fate, JobEvent, JobGroup, JobHandle, JobId, JobState, Metrics,
+    Observer, OffloadFuture, Offloader, Rejected, StopToken, SubmitError, WeakOffloader,
 };
 use proptest::prelude::*;
 // Not a glob: this file's SHORT (1 ms) is its own.
@@ -292,6 +292,8 @@ enum Op {
     /// producer that hold clones of it left: the last clone.
     DropLast,
     Idle,
+    /// `stop()` on job group `g % 2` (group 1 is a child of group 0).
+    StopGroup(u8),
 }
 
 impl fmt::Debug for Op {
@@ -374,6 +376,7 @@ impl fmt::Debug for Op {
             Op::Close => f.write_str("close"),
             Op::DropLast => f.write_str("drop_last_clone"),
             Op::Idle => f.write_str("idle"),
+            Op::StopGroup(g) => write!(f, "stop(group{})", g % 2),
         }
     }
 }
@@ -490,6 +493,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Close),
         1 => Just(Op::DropLast),
         1 => Just(Op::Idle),
+        1 => (0u8..2).prop_map(Op::StopGroup),
     ]
 }
 
@@ -519,6 +523,7 @@ fn aimed_op() -> impl Strategy<Value = Op> {
         2 => any::<u16>().prop_map(Op::Release),
         1 => (0u8..8).prop_map(Op::Await),
         1 => Just(Op::Idle),
+        1 => (0u8..2).prop_map(Op::StopGroup),
     ]
 }
 
@@ -673,6 +678,8 @@ struct MJob {
     passed: bool,
     /// Started after a shutdown began (during the drain).
     drain: bool,
+    /// The job group it was offloaded through, if any.
+    group: Option<usize>,
 }
 
 /// The counters the model predicts; compared with [`Metrics`].
@@ -732,6 +739,9 @@ struct Model {
     /// The same, counting only functions started during a shutdown's
     /// drain: a graceful shutdown drains at the full width.
     drain_width: usize,
+    /// Job groups 0 and 1 (a child of 0): stopped, and jobs they refused.
+    group_stopped: [bool; 2],
+    group_rejected: [u64; 2],
 }
 
 impl Model {
@@ -749,7 +759,70 @@ impl Model {
             start_order: Vec::new(),
             max_running: 0,
             drain_width: 0,
+            group_stopped: [false; 2],
+            group_rejected: [0; 2],
         }
+    }
+
+    /// The group a spawned job with this tag goes through: none, group 0
+    /// or group 1, in turn.
+    fn group_for(tag: usize) -> Option<usize> {
+        [None, Some(0), Some(1)][tag % 3]
+    }
+
+    /// Whether group `inner` is `outer` or below it.
+    fn in_group(inner: Option<usize>, outer: usize) -> bool {
+        inner.is_some_and(|g| g >= outer)
+    }
+
+    /// `JobGroup::stop` on group `g`: marks it and its child stopped, then,
+    /// in one step, cancels their queued jobs and asks their running ones to
+    /// stop; `false` if it was already stopped.
+    fn stop_group(&mut self, g: usize) -> bool {
+        if self.group_stopped[g] {
+            return false;
+        }
+        for s in &mut self.group_stopped[g..] {
+            *s = true;
+        }
+        let members: Vec<usize> = (0..self.jobs.len())
+            .filter(|&j| Self::in_group(self.jobs[j].group, g))
+            .collect();
+        for &j in &members {
+            if self.jobs[j].st == St::Queued {
+                self.queue.retain(|&q| q != j);
+                self.jobs[j].st = St::Cancelled;
+                self.c.cancelled += 1;
+            }
+        }
+        for &j in &members {
+            if self.jobs[j].st == St::Running && !self.jobs[j].stop {
+                self.jobs[j].stop = true;
+                self.c.stop_requests += 1;
+            }
+        }
+        self.advance();
+        true
+    }
+
+    /// Group `g`'s metrics as the model predicts them (its child's jobs
+    /// included).
+    fn group_metrics(&self, g: usize) -> [u64; 9] {
+        let mut m = [0u64; 9];
+        for job in self.jobs.iter().filter(|j| Self::in_group(j.group, g)) {
+            m[0] += 1;
+            m[match job.st {
+                St::Queued => 1,
+                St::Running => 2,
+                St::Completed(_) => 3,
+                St::Panicked => 4,
+                St::Cancelled => 5,
+                St::Unstarted => 6,
+            }] += 1;
+        }
+        m[7] = self.group_rejected[g];
+        m[8] = u64::from(self.group_stopped[g]);
+        m
     }
 
     /// Queued jobs waiting for a permit: those that a free permit starts at
@@ -796,6 +869,7 @@ impl Model {
             started: false,
             passed: false,
             drain: false,
+            group: None,
         });
         self.queue.push_back(tag);
         self.c.accepted += 1;
@@ -1099,20 +1173,39 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The barrier [`Kind::Barrier`] functions meet at: `size` of them
-/// waiting at once pass together.
+/// waiting at once, none stopped or released, pass together.
 struct Rendezvous {
     size: usize,
-    /// Functions waiting now, and the number of groups that met.
-    state: Mutex<(usize, u64)>,
+    /// Functions waiting now (by a number of their own, with what lets
+    /// them out), and the number of groups that met.
+    state: Mutex<(Vec<Waiting>, u64)>,
     changed: Condvar,
+    next: AtomicUsize,
+}
+
+/// A function waiting at the [`Rendezvous`].
+struct Waiting {
+    me: usize,
+    open: Arc<AtomicBool>,
+    stop: StopToken,
+}
+
+impl Waiting {
+    /// Released by its gate or a stop request: it no longer counts, even
+    /// before it wakes up to leave (a group stop asks several functions in
+    /// turn, and a newcomer must not meet one that is already asked).
+    fn leaving(&self) -> bool {
+        self.open.load(Ordering::SeqCst) || self.stop.is_stopped()
+    }
 }
 
 impl Rendezvous {
     fn new(size: usize) -> Arc<Rendezvous> {
         Arc::new(Rendezvous {
             size,
-            state: Mutex::new((0, 0)),
+            state: Mutex::new((Vec::new(), 0)),
             changed: Condvar::new(),
+            next: AtomicUsize::new(0),
         })
     }
 
@@ -1125,17 +1218,24 @@ impl Rendezvous {
 
     /// Waits for the group, the gate (`open`) or a stop request. A function
     /// whose gate is open or whose stop was requested does not join.
-    fn meet(self: &Arc<Self>, open: &AtomicBool, stop: &StopToken) {
+    fn meet(self: &Arc<Self>, open: &Arc<AtomicBool>, stop: &StopToken) {
         let me = self.clone();
         let _wake = stop.on_stop(move || me.notify());
         let deadline = Instant::now() + BARRIER_LIMIT;
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
         let mut state = lock(&self.state);
-        if open.load(Ordering::SeqCst) || stop.is_stopped() {
+        let waiting = Waiting {
+            me: id,
+            open: open.clone(),
+            stop: stop.clone(),
+        };
+        if waiting.leaving() {
             return;
         }
-        state.0 += 1;
-        if state.0 == self.size {
-            state.0 = 0;
+        state.0.retain(|w| !w.leaving());
+        state.0.push(waiting);
+        if state.0.len() == self.size {
+            state.0.clear();
             state.1 += 1;
             self.changed.notify_all();
             return;
@@ -1147,7 +1247,7 @@ impl Rendezvous {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if open.load(Ordering::SeqCst) || stop.is_stopped() || left.is_zero() {
-                state.0 -= 1;
+                state.0.retain(|w| w.me != id);
                 return;
             }
             state = self
@@ -1321,6 +1421,8 @@ struct Harness {
     log: Vec<String>,
     /// How long the real system may take to reach the model's state.
     settle_within: Duration,
+    /// Job groups 0 and 1 (a child of 0); let go of with the last clone.
+    groups: Option<[JobGroup; 2]>,
 }
 
 /// Fails the case with the steps so far and the model's state.
@@ -1349,6 +1451,8 @@ impl Harness {
             b = b.observer(s.clone());
         }
         let pool = b.build().expect("valid configuration");
+        let group = pool.group();
+        let groups = Some([group.clone(), group.child()]);
         Harness {
             cfg,
             weak: pool.downgrade(),
@@ -1369,6 +1473,7 @@ impl Harness {
             batching: false,
             log: Vec::new(),
             settle_within: SETTLE,
+            groups,
         }
     }
 
@@ -1840,6 +1945,7 @@ impl Harness {
                     "idle, but the model has jobs queued or running"
                 );
                 self.check_running_jobs(&pool);
+                self.check_groups();
             }
             None => {
                 ensure!(
@@ -1904,6 +2010,33 @@ impl Harness {
         };
     }
 
+    /// Each job group's metrics match the model's.
+    fn check_groups(&self) {
+        let Some(groups) = &self.groups else {
+            return;
+        };
+        for (g, group) in groups.iter().enumerate() {
+            let m = group.metrics();
+            let got = [
+                m.accepted,
+                m.queued,
+                m.running,
+                m.completed,
+                m.panicked,
+                m.cancelled,
+                m.unstarted,
+                m.rejected,
+                u64::from(m.stopped),
+            ];
+            let want = self.model.group_metrics(g);
+            ensure!(
+                self,
+                m.ledger_balances() && got == want,
+                "group {g}: metrics {got:?}, model {want:?} (accepted, queued, running, completed, panicked, cancelled, unstarted, rejected, stopped)"
+            );
+        }
+    }
+
     fn check_running_jobs(&self, pool: &Offloader) {
         let mut running: Vec<(JobId, bool)> = pool
             .running_jobs()
@@ -1956,6 +2089,7 @@ impl Harness {
                 | Op::Close
                 | Op::DropLast
                 | Op::Idle
+                | Op::StopGroup(_)
         );
         if needs_pool && self.no_pool() {
             self.settle().await;
@@ -2116,6 +2250,18 @@ impl Harness {
                 );
             }
             Op::Close => self.close().await,
+            Op::StopGroup(g) => {
+                let g = usize::from(g % 2);
+                let groups = self.groups.as_ref().expect("open with the pool");
+                let got = groups[g].stop();
+                let want = self.model.stop_group(g);
+                self.note(format!(": {got}"));
+                ensure!(
+                    self,
+                    got == want,
+                    "group {g} stop() returned {got}, model {want}"
+                );
+            }
             Op::Idle => {
                 let pool = self.pool().clone();
                 if self.model.idle() {
@@ -2382,6 +2528,8 @@ impl Harness {
             ));
         }
         self.probe.drain.store(true, Ordering::SeqCst);
+        // Groups hold clones of the pool (their jobs go on: `LetRun`).
+        self.groups = None;
         self.pool = None;
         ensure!(
             self,
@@ -2395,7 +2543,11 @@ impl Harness {
         let tag = self.model.jobs.len();
         let name = Self::name(named, tag);
         let (func, gate) = self.make(kind, tag);
-        let mut o = self.pool().offload(func);
+        let group = Model::group_for(tag);
+        let mut o = match (group, &self.groups) {
+            (Some(g), Some(groups)) => groups[g].offload(func),
+            _ => self.pool().offload(func),
+        };
         if let Some(n) = &name {
             o = o.name(n.clone());
         }
@@ -2403,13 +2555,30 @@ impl Harness {
             o = o.with_timeout(SHORT);
         }
         let got = o.spawn();
+        if let Some(g) =
+            group.filter(|&g| self.model.refusal().is_none() && self.model.group_stopped[g])
+        {
+            ensure!(
+                self,
+                matches!(&got, Err(e) if matches!(e.reason(), Rejected::GroupStopped)),
+                "spawn through stopped group {g}: expected GroupStopped, got {:?}",
+                got.as_ref().map(|h| h.id()).map_err(|e| e.to_string())
+            );
+            self.model.group_rejected[g] += 1;
+            if !self.batching {
+                self.note(format!(" -> refused (group {g} stopped)"));
+            }
+            return;
+        }
         match self.model.refusal() {
             None => {
                 let handle = match got {
                     Ok(h) => h,
                     Err(e) => self.fail(format!("spawn refused: {e}; the model accepts it")),
                 };
-                self.model.accept(kind, name, true);
+                self.model.accept(kind, name, false);
+                self.model.jobs[tag].group = group;
+                self.model.advance();
                 self.register(tag, Some(handle.id()), gate);
                 self.slots.push(Slot {
                     tag,
@@ -3035,6 +3204,17 @@ fn every_operation_once() {
             callers: Callers::Handles,
             then: Then::Nothing,
         },
+        // Job groups: the child's stop, spawns through a stopped group
+        // (refused) and through the others, the parent's stop, twice.
+        Op::StopGroup(1),
+        Op::Batch {
+            n: 3,
+            mix: Mix::Gated,
+            callers: Callers::Handles,
+            then: Then::Nothing,
+        },
+        Op::StopGroup(0),
+        Op::StopGroup(0),
         Op::Batch {
             n: 3,
             mix: Mix::Mixed(1),

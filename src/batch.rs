@@ -157,7 +157,7 @@ where
     let mut set = ReadySet::new();
     let mut errors = Vec::new();
     for (i, f) in fs.into_iter().enumerate() {
-        set.push(group.offload(f).into_future(), i);
+        set.push(group.offload(f).without_spin().into_future(), i);
         errors.push(None);
     }
     while let Some((i, outcome)) = poll_fn(|cx| set.poll_next(cx)).await {
@@ -198,7 +198,7 @@ impl<F> InvokeAll<F> {
         }
     }
 
-    /// Stops waiting after `limit` (from when the batch is first awaited):
+    /// Stops waiting after `limit` (from the batch's first poll):
     /// jobs still unfinished then follow their abandon policy, and their
     /// outcome is [`Error::TimedOut`], which says whether each was
     /// cancelled, stopped or kept running.
@@ -229,20 +229,21 @@ where
             timeout,
             policy,
         } = self;
-        let mut set = ReadySet::new();
-        let mut outcomes = Vec::with_capacity(fs.len());
-        for (i, f) in fs.into_iter().enumerate() {
-            let mut offload = target.offload(f);
-            if let Some(limit) = timeout {
-                offload = offload.with_timeout(limit);
-            }
-            if let Some(policy) = policy {
-                offload = offload.on_abandon(policy);
-            }
-            set.push(offload.into_future(), i);
-            outcomes.push(None);
-        }
+        // Built at the first poll: the timeout runs from there.
         Box::pin(async move {
+            let mut set = ReadySet::new();
+            let mut outcomes = Vec::with_capacity(fs.len());
+            for (i, f) in fs.into_iter().enumerate() {
+                let mut offload = target.offload(f).without_spin();
+                if let Some(limit) = timeout {
+                    offload = offload.with_timeout(limit);
+                }
+                if let Some(policy) = policy {
+                    offload = offload.on_abandon(policy);
+                }
+                set.push(offload.into_future(), i);
+                outcomes.push(None);
+            }
             while let Some((i, outcome)) = poll_fn(|cx| set.poll_next(cx)).await {
                 outcomes[i] = Some(outcome);
             }

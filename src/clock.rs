@@ -15,6 +15,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::slab::{Key, Slab};
+
 /// Far enough ahead to mean "never" for a timer (about 30 years), near
 /// enough that every timer implementation can hold it.
 const NEVER: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -85,23 +87,54 @@ pub(crate) struct ClockHolds {
     state: std::sync::Mutex<Holds>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Holds {
-    /// Callers waiting now.
+    /// Callers waiting on the pool as a whole now.
     waiting: usize,
+    /// Callers waiting on one job each, with a test of whether that job's
+    /// work is still going on: a finished job holds nothing, even if its
+    /// caller has not looked at it yet (a stream that is not polled).
+    jobs: Slab<Box<dyn Fn() -> bool + Send>>,
     /// The blocking task runs.
     running: bool,
+}
+
+impl Holds {
+    fn busy(&self) -> bool {
+        self.waiting > 0 || self.jobs.values().any(|working| working())
+    }
+}
+
+impl std::fmt::Debug for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holds")
+            .field("waiting", &self.waiting)
+            .field("running", &self.running)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One caller's hold; dropping it (the wait ended) releases it.
 #[derive(Debug)]
 pub(crate) struct ClockHold {
     holds: std::sync::Arc<ClockHolds>,
+    /// Its entry in `Holds::jobs`, if it waits on one job.
+    job: Option<Key>,
 }
 
 impl Drop for ClockHold {
     fn drop(&mut self) {
-        self.holds.lock().waiting -= 1;
+        let mut s = self.holds.lock();
+        let working = match self.job {
+            Some(key) => s.jobs.remove(key),
+            None => {
+                s.waiting -= 1;
+                None
+            }
+        };
+        drop(s);
+        // Dropped after unlocking: it owns a reference to the job.
+        drop(working);
     }
 }
 
@@ -116,34 +149,74 @@ impl ClockHolds {
     /// returned guard lives. `None` (and nothing spawned) with a running
     /// clock or outside a runtime.
     pub(crate) fn hold(self: &std::sync::Arc<Self>) -> Option<ClockHold> {
+        self.hold_on(None)
+    }
+
+    /// [`hold`](Self::hold) for a caller waiting on one job: the clock is
+    /// held only while `working()` says the job's work goes on.
+    pub(crate) fn hold_while(
+        self: &std::sync::Arc<Self>,
+        working: impl Fn() -> bool + Send + 'static,
+    ) -> Option<ClockHold> {
+        self.hold_on(Some(Box::new(working)))
+    }
+
+    fn hold_on(
+        self: &std::sync::Arc<Self>,
+        working: Option<Box<dyn Fn() -> bool + Send>>,
+    ) -> Option<ClockHold> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
         if !tokio_clock_paused() {
             return None;
         }
-        let start = {
+        let (start, job) = {
             let mut s = self.lock();
-            s.waiting += 1;
-            !std::mem::replace(&mut s.running, true)
+            let job = match working {
+                Some(w) => Some(s.jobs.insert(w)),
+                None => {
+                    s.waiting += 1;
+                    None
+                }
+            };
+            (!std::mem::replace(&mut s.running, true), job)
         };
         if start {
-            let task = HoldTask(self.clone());
+            let task = HoldTask {
+                holds: self.clone(),
+                ended: false,
+            };
             // A runtime shutting down drops the task unrun: `HoldTask`'s
             // drop then lets the next hold start another.
             drop(rt.spawn_blocking(move || task.run()));
         }
         Some(ClockHold {
             holds: self.clone(),
+            job,
         })
     }
 }
 
 /// The blocking task holding the clock: polls every millisecond of real
-/// time until nobody waits (test clocks only).
-struct HoldTask(std::sync::Arc<ClockHolds>);
+/// time until no caller waits on work still going on (test clocks only). A
+/// hold taken later starts another.
+struct HoldTask {
+    holds: std::sync::Arc<ClockHolds>,
+    /// It ran and cleared `running` itself.
+    ended: bool,
+}
 
 impl HoldTask {
-    fn run(self) {
-        while self.0.lock().waiting > 0 {
+    fn run(mut self) {
+        loop {
+            {
+                let mut s = self.holds.lock();
+                if !s.busy() {
+                    // Under the lock: a hold taken after this starts a task.
+                    s.running = false;
+                    self.ended = true;
+                    return;
+                }
+            }
             std::thread::park_timeout(Duration::from_millis(1));
         }
     }
@@ -151,6 +224,10 @@ impl HoldTask {
 
 impl Drop for HoldTask {
     fn drop(&mut self) {
-        self.0.lock().running = false;
+        if !self.ended {
+            // Dropped unrun (a runtime shutting down): the next hold starts
+            // another.
+            self.holds.lock().running = false;
+        }
     }
 }

@@ -109,6 +109,16 @@ impl<T> JobHandle<T> {
         self.job.is_published()
     }
 
+    /// Under a paused test clock, holds it while this job's work goes on
+    /// (as a `spawn_blocking` task does): not after its outcome is
+    /// published, even if nobody polls this handle again.
+    pub(crate) fn clock_hold(&self) -> Option<crate::clock::ClockHold> {
+        let job: Arc<dyn crate::job::Task> = self.job.clone();
+        self.pool
+            .clock_holds
+            .hold_while(move || !job.is_published())
+    }
+
     /// Cancels the job. Returns `true` if this call prevented the start:
     /// the function will never run and the handle resolves to
     /// [`Error::Cancelled`].
@@ -157,7 +167,7 @@ impl<T> JobHandle<T> {
     /// `tokio::time::timeout` does.
     pub async fn wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
         let began = Began::now();
-        let hold = self.pool.clock_holds.hold();
+        let hold = self.clock_hold();
         let job = &self.job;
         let waited = tokio::time::timeout_at(
             began.timer_deadline(limit),
@@ -320,7 +330,7 @@ impl<T> Future for JobHandle<T> {
         // Under a paused test clock, an await of pool work holds the clock
         // (as awaiting a `spawn_blocking` task does), limit or not.
         if self.timer.as_ref().is_none_or(|t| t.hold.is_none()) {
-            if let Some(hold) = self.pool.clock_holds.hold() {
+            if let Some(hold) = self.clock_hold() {
                 let timer = self.timer.get_or_insert_with(|| {
                     Box::new(Timer {
                         began: Began::now(),

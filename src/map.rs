@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use futures_core::Stream;
 
 use crate::batch::{BatchError, Target};
+use crate::error::{Error, Rejected};
 use crate::group::JobGroup;
 use crate::offload::OffloadFuture;
 use crate::policy::GroupDropPolicy;
@@ -27,7 +28,9 @@ impl Offloader {
     /// and yields each outcome as a [`Stream`]: in input order (default) or
     /// in completion order ([`unordered`](Map::unordered)). Items are taken
     /// from the iterator only as room frees, so memory follows the limit,
-    /// not the input. Like Python's `Executor.map`, bounded.
+    /// not the input. Like Python's `Executor.map`, bounded. Once the pool
+    /// shuts down or the group is stopped, the refusal is yielded and no
+    /// more items are taken: the stream ends after the jobs in flight.
     ///
     /// The jobs run in a group of their own: dropping the stream stops
     /// those still in flight (queued ones are cancelled, running ones get
@@ -128,7 +131,8 @@ impl<It, F, T, E> Map<It, F, T, E> {
     }
 
     /// At most `k` jobs in flight (at least 1). In input order, at most `k`
-    /// outcomes wait to be yielded too.
+    /// outcomes wait to be yielded too. Items are taken `k` at a time as
+    /// room frees: with an endless iterator, keep `k` finite and small.
     pub fn limit(mut self, k: usize) -> Self {
         self.limit = k.max(1);
         self
@@ -171,7 +175,8 @@ where
             };
             let f = self.f.clone();
             let call: Call<T, E> = Box::new(move |stop| f(item, stop));
-            self.set.push(group.offload(call).into_future(), self.taken);
+            self.set
+                .push(group.offload(call).without_spin().into_future(), self.taken);
             self.taken += 1;
             if self.ordered {
                 self.window.push_back(None);
@@ -231,6 +236,13 @@ where
                 Ok(Err(e)) => Err(BatchError::Failed(e)),
                 Err(e) => Err(BatchError::Job(e)),
             };
+            if let Err(BatchError::Job(Error::Rejected(
+                Rejected::ShuttingDown | Rejected::GroupStopped,
+            ))) = &outcome
+            {
+                // No later item could be accepted either: take no more.
+                this.closed = true;
+            }
             let outcome = match outcome {
                 Err(error) if this.stop_on_error => {
                     this.stop(error);

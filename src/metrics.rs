@@ -113,10 +113,11 @@ impl Metrics {
 pub struct GroupMetrics {
     /// Jobs accepted through the group or a descendant.
     pub accepted: u64,
-    /// Jobs refused because the group (or an ancestor) was stopped or
-    /// closing; descendants' refusals are counted in their own metrics, and
-    /// other refusals (a full queue, a pool shutting down) in the pool's
-    /// [`Metrics`] only.
+    /// Jobs offered through the group or a descendant and refused because
+    /// the group they were offered to was stopped or closing (counted there
+    /// and in every ancestor, as `accepted` is); other refusals (a full
+    /// queue, a pool shutting down) are counted in the pool's [`Metrics`]
+    /// only.
     pub rejected: u64,
     /// Of the accepted jobs, those waiting in the queue now.
     pub queued: u64,

@@ -55,6 +55,9 @@ pub struct Offload<F, T> {
     deadline: Option<Instant>,
     policy: Option<AbandonPolicy>,
     group: Option<JobGroup>,
+    /// Whether an awaiting caller may spin briefly for a short job's outcome
+    /// (not for the jobs of a batch: they are awaited together).
+    spin: bool,
     _result: PhantomData<fn() -> T>,
 }
 
@@ -105,8 +108,15 @@ where
             deadline: None,
             policy: None,
             group: None,
+            spin: true,
             _result: PhantomData,
         }
+    }
+
+    /// An awaiting caller does not spin for the outcome (batch calls).
+    pub(crate) fn without_spin(mut self) -> Self {
+        self.spin = false;
+        self
     }
 
     /// Names the job, for tracing spans, errors and reports.
@@ -253,6 +263,7 @@ where
                 deadline: self.deadline,
                 policy: self.policy,
                 group: self.group,
+                spin: self.spin,
                 _result: PhantomData,
             };
             return Err((reason, back));
@@ -292,7 +303,7 @@ where
             limit: self.timeout,
             policy,
             pool: self.pool.clone(),
-            spun: false,
+            spun: !self.spin,
             stage: Stage::Admit {
                 offload: Some(self),
                 waiting: None,
@@ -434,7 +445,7 @@ where
                     // Under a paused test clock, an await of pool work holds
                     // the clock, as awaiting `spawn_blocking` does.
                     if this.hold.as_ref().is_none_or(Option::is_none) {
-                        *this.hold = Some(this.pool.inner().clock_holds.hold());
+                        *this.hold = Some(handle.clock_hold());
                     }
                     if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
                         return Poll::Pending;

@@ -2,7 +2,12 @@
 //! batch calls (`batch.rs`, `map.rs`). Each future gets its own waker, which
 //! queues its index and wakes the set's task; a poll of the set polls the
 //! queued futures only, so a batch of n jobs costs O(n) polls in all, not
-//! O(n) per wake-up.
+//! O(n) per wake-up. A queued waker names its future's slot *and* that
+//! slot's occupant, so a late wake-up of a finished future never polls the
+//! future that took its slot (which would leave a stale entry per job: a
+//! queue growing with the input). One poll of the set polls at most
+//! [`BUDGET`] futures, then yields: a batch of 10^5 jobs does not hold the
+//! runtime thread while it submits them all.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -11,11 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 
+/// Futures polled by one poll of a [`ReadySet`] before it yields.
+pub(crate) const BUDGET: usize = 64;
+
 /// What the wakers of one set share.
 #[derive(Default)]
 struct Shared {
-    /// Indices of woken futures, each at most once.
-    queue: Mutex<VecDeque<usize>>,
+    /// Woken futures' wakers, each at most once.
+    queue: Mutex<VecDeque<Arc<Slot>>>,
     /// The task polling the set.
     task: Mutex<Option<Waker>>,
 }
@@ -39,7 +47,7 @@ impl Wake for Slot {
         if self.queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        lock(&self.shared.queue).push_back(self.index);
+        lock(&self.shared.queue).push_back(self.clone());
         let task = lock(&self.shared.task).clone();
         if let Some(task) = task {
             task.wake();
@@ -81,14 +89,12 @@ impl<F> ReadySet<F> {
     /// Adds `fut`, tagged `tag` (polled at the next poll).
     pub(crate) fn push(&mut self, fut: F, tag: usize) {
         let index = self.free.pop().unwrap_or(self.entries.len());
-        // A waker of the slot's earlier future may still queue `index`: the
-        // new future is then polled once more than needed, which is allowed.
         let slot = Arc::new(Slot {
             index,
             queued: AtomicBool::new(true),
             shared: self.shared.clone(),
         });
-        lock(&self.shared.queue).push_back(index);
+        lock(&self.shared.queue).push_back(slot.clone());
         let entry = Some(Entry {
             fut: Box::pin(fut),
             tag,
@@ -127,13 +133,18 @@ impl<F: Future> ReadySet<F> {
                 *task = Some(cx.waker().clone());
             }
         }
-        loop {
-            let Some(index) = lock(&self.shared.queue).pop_front() else {
+        for _ in 0..BUDGET {
+            let Some(woken) = lock(&self.shared.queue).pop_front() else {
                 return Poll::Pending;
             };
+            let index = woken.index;
             let Some(e) = self.entries.get_mut(index).and_then(Option::as_mut) else {
                 continue;
             };
+            if !Arc::ptr_eq(&e.slot, &woken) {
+                // A late wake-up of the slot's earlier future.
+                continue;
+            }
             // ORDERING: see `Slot::wake_by_ref`.
             e.slot.queued.store(false, Ordering::Release);
             let waker = Waker::from(e.slot.clone());
@@ -145,5 +156,69 @@ impl<F: Future> ReadySet<F> {
                 return Poll::Ready(Some((tag, out)));
             }
         }
+        // Budget spent with futures still queued: yield, and come back.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Finishes in the poll that wakes it (a job that finished while its
+    /// caller polled), or counts its polls and stays pending.
+    enum Probe {
+        WakeAndFinish,
+        Pending(Arc<AtomicUsize>),
+    }
+
+    impl Future for Probe {
+        type Output = ();
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            match &*self {
+                Probe::WakeAndFinish => {
+                    cx.waker().wake_by_ref();
+                    Poll::Ready(())
+                }
+                Probe::Pending(polls) => {
+                    polls.fetch_add(1, Ordering::SeqCst);
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    fn poll_set(set: &mut ReadySet<Probe>) -> Poll<Option<(usize, ())>> {
+        set.poll_next(&mut Context::from_waker(Waker::noop()))
+    }
+
+    /// A late wake-up of a finished future does not poll the future that
+    /// took its slot (which left one stale entry per job behind).
+    #[test]
+    fn a_late_wake_up_does_not_reach_the_next_occupant() {
+        let mut set = ReadySet::new();
+        set.push(Probe::WakeAndFinish, 7);
+        assert_eq!(poll_set(&mut set), Poll::Ready(Some((7, ()))));
+        let polls = Arc::new(AtomicUsize::new(0));
+        set.push(Probe::Pending(polls.clone()), 8);
+        assert_eq!(poll_set(&mut set), Poll::Pending);
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "polled once, when pushed");
+        assert!(lock(&set.shared.queue).is_empty(), "no stale entry left");
+    }
+
+    /// One poll of the set polls at most `BUDGET` futures, then yields.
+    #[test]
+    fn a_poll_spends_at_most_the_budget() {
+        let mut set = ReadySet::new();
+        let polls = Arc::new(AtomicUsize::new(0));
+        for i in 0..3 * BUDGET {
+            set.push(Probe::Pending(polls.clone()), i);
+        }
+        assert_eq!(poll_set(&mut set), Poll::Pending);
+        assert_eq!(polls.load(Ordering::SeqCst), BUDGET);
+        assert_eq!(poll_set(&mut set), Poll::Pending);
+        assert_eq!(polls.load(Ordering::SeqCst), 2 * BUDGET);
     }
 }

@@ -118,6 +118,11 @@ impl<T> Slab<T> {
         self.len == 0
     }
 
+    /// Every occupied value, in key order (O(entries): for small slabs).
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> + '_ {
+        self.entries.iter().filter_map(|e| e.value.as_ref())
+    }
+
     /// The value at `key`, if occupied, for changing.
     pub(crate) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
         self.entries.get_mut(key as usize)?.value.as_mut()

@@ -371,3 +371,53 @@ async fn dropping_a_map_stops_its_jobs() {
     assert!(recv("stopped", &mut back).await);
     within("idle", pool.idle()).await;
 }
+
+/// Once the pool shuts down, a map over an endless iterator yields the
+/// refusal and ends: it takes no more items (it used to yield refusals for
+/// ever, without a pending poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_ends_once_its_jobs_can_no_longer_be_accepted() {
+    let pool = pool(2, 16);
+    let group = pool.group();
+    let mut s = pin!(group.map(0u64.., |i, _| Ok::<_, ()>(i)).limit(4));
+    for i in 0..5 {
+        assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
+    }
+    group.stop();
+    let mut refused = 0;
+    while let Some(o) = next(s.as_mut()).await {
+        if let Err(BatchError::Job(e)) = o {
+            assert!(e.is_rejected() || e.is_cancelled(), "{e}");
+            refused += u64::from(e.is_rejected());
+        }
+        assert!(refused <= 4, "no item is taken after the first refusal");
+    }
+    assert!(next(s.as_mut()).await.is_none(), "and it stays ended");
+    assert!(group.metrics().rejected <= 4, "{:?}", group.metrics());
+}
+
+/// A batch's first poll submits at most a budget of its jobs and yields:
+/// another task on a current-thread runtime runs between the polls.
+#[tokio::test(flavor = "current_thread")]
+async fn a_large_batch_yields_while_it_submits() {
+    let pool = pool(2, 100_000);
+    let fs: Vec<Call<u32>> = (0..20_000u32)
+        .map(|i| -> Call<u32> { Box::new(move |_| i) })
+        .collect();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let t = ticks.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            t.fetch_add(1, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+        }
+    });
+    let out = within("invoke_all", pool.invoke_all(fs)).await;
+    ticker.abort();
+    assert_eq!(out.len(), 20_000);
+    assert!(
+        ticks.load(Ordering::SeqCst) >= 20_000 / 64 / 2,
+        "the ticker ran only {} times",
+        ticks.load(Ordering::SeqCst)
+    );
+}

@@ -1749,10 +1749,13 @@ impl Harness {
                 ),
                 ("stop_requests", c.stop_requests, m.stop_requests),
             ];
-            for (what, want, got) in pairs {
-                if want != got {
-                    return Some(format!("metrics.{what}: model {want}, real {got}"));
-                }
+            let diffs: Vec<String> = pairs
+                .iter()
+                .filter(|(_, want, got)| want != got)
+                .map(|(what, want, got)| format!("metrics.{what}: model {want}, real {got}"))
+                .collect();
+            if !diffs.is_empty() {
+                return Some(diffs.join("; "));
             }
             if m.max_running < self.model.max_running as u64 {
                 return Some(format!(
@@ -2564,7 +2567,10 @@ impl Harness {
                 "spawn through stopped group {g}: expected GroupStopped, got {:?}",
                 got.as_ref().map(|h| h.id()).map_err(|e| e.to_string())
             );
-            self.model.group_rejected[g] += 1;
+            // Counted in the group and its ancestors (group 0 is group 1's).
+            for r in &mut self.model.group_rejected[..=g] {
+                *r += 1;
+            }
             if !self.batching {
                 self.note(format!(" -> refused (group {g} stopped)"));
             }

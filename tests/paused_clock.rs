@@ -229,3 +229,54 @@ async fn a_resumed_clock_is_not_held() {
         w.await.unwrap().unwrap();
     }
 }
+
+/// A caller that polled its job once and then sleeps (a `map` stream not
+/// polled between items, a future left aside) does not hold the paused clock
+/// once the job is done: the sleep ends in virtual time. With a hold that
+/// lasted until the next poll, the sleep never ended.
+#[tokio::test(start_paused = true)]
+async fn a_finished_job_nobody_polls_does_not_hold_the_clock() {
+    use std::future::{poll_fn, Future};
+    use std::pin::pin;
+
+    use futures_core::Stream;
+
+    let _serial = SERIAL.lock().await;
+    let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+    // A future polled once, then left while its job finishes.
+    let mut fut = pin!(pool.offload(work(1)).into_future());
+    assert!(poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx).is_pending())).await);
+    within_real(
+        "an hour of virtual time",
+        tokio::time::sleep(Duration::from_secs(3600)),
+    )
+    .await;
+    assert_eq!(fut.await.unwrap(), 1);
+
+    // A map stream consumed with a sleep between items.
+    let mut s = pin!(pool.map(0..3u32, |i, _| Ok::<_, ()>(i)).limit(2));
+    let mut got = Vec::new();
+    while let Some(v) = poll_fn(|cx| s.as_mut().poll_next(cx)).await {
+        got.push(v.unwrap());
+        within_real(
+            "a second of virtual time",
+            tokio::time::sleep(Duration::from_secs(1)),
+        )
+        .await;
+    }
+    assert_eq!(got, [0, 1, 2]);
+}
+
+/// Awaits `fut`, failing if it takes `HANG` of *real* time (a timer of the
+/// paused clock would measure virtual time; the bound comes from a thread).
+async fn within_real<F: std::future::Future>(what: &str, fut: F) -> F::Output {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        std::thread::sleep(HANG);
+        let _ = tx.send(());
+    });
+    tokio::select! {
+        out = fut => out,
+        _ = rx => panic!("{what}: not done within {HANG:?} of real time"),
+    }
+}

@@ -104,13 +104,11 @@ impl State {
         let Some(m) = core.membership() else {
             return Ok(());
         };
-        match self.groups.get_mut(m.group) {
-            Some(g) if g.closed => {
-                g.counts.rejected += 1;
-                Err(Rejected::GroupStopped)
-            }
-            _ => Ok(()),
+        if !self.groups.get(m.group).is_some_and(|g| g.closed) {
+            return Ok(());
         }
+        self.each_group(m.group, |c| c.counts.rejected += 1);
+        Err(Rejected::GroupStopped)
     }
 
     /// Part of *accept*: the job `job` (key in the job slab) joins its

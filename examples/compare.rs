@@ -1426,6 +1426,9 @@ impl Report {
             if big > small {
                 let (s, b) = (scale::size_label(small), scale::size_label(big));
                 for (oi, op) in SCALE_OPS.iter().enumerate() {
+                    if op.is_reference() {
+                        continue;
+                    }
                     let per = |n| {
                         self.scale
                             .cells

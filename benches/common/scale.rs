@@ -19,6 +19,13 @@
 //!   queued: the time from the first caller's return to the last one's, idle
 //!   gaps longer than [`STORM_GAP`] (timer ticks) left out.
 //! - `shutdown_now`: one `shutdown_now()` with `n` jobs queued.
+//! - `floor_random_touch`, a reference without the offloader: the least a
+//!   cancel in random order must do. `n` job-sized objects (128 bytes,
+//!   allocated in order, as a queue's jobs are), visited in a random order;
+//!   per visit a mutex is taken to read and write the object's state word,
+//!   and taken again (a cancel locks the pool twice). Its cost at 1 M over
+//!   its cost at 1 k is what the machine's caches and TLB charge for a
+//!   random touch of a large set, whatever the code around it.
 //!
 //! Included with `#[path]`; not every target uses every item.
 #![allow(dead_code)]
@@ -40,15 +47,17 @@ pub(crate) enum ScaleOp {
     CancelRandom,
     TimeoutStorm,
     ShutdownNow,
+    FloorRandomTouch,
 }
 
 /// Every operation, in the order of the report.
-pub(crate) const SCALE_OPS: [ScaleOp; 5] = [
+pub(crate) const SCALE_OPS: [ScaleOp; 6] = [
     ScaleOp::Submit,
     ScaleOp::CancelNewestFirst,
     ScaleOp::CancelRandom,
     ScaleOp::TimeoutStorm,
     ScaleOp::ShutdownNow,
+    ScaleOp::FloorRandomTouch,
 ];
 
 impl ScaleOp {
@@ -60,7 +69,14 @@ impl ScaleOp {
             ScaleOp::CancelRandom => "cancel_random",
             ScaleOp::TimeoutStorm => "timeout_storm",
             ScaleOp::ShutdownNow => "shutdown_now",
+            ScaleOp::FloorRandomTouch => "floor_random_touch",
         }
+    }
+
+    /// A reference measured without the offloader, not an operation of it
+    /// (no target).
+    pub(crate) fn is_reference(self) -> bool {
+        self == ScaleOp::FloorRandomTouch
     }
 
     pub(crate) fn from_name(name: &str) -> Option<ScaleOp> {
@@ -266,6 +282,45 @@ pub(crate) fn shuffle<T>(v: &mut [T], seed: u64) {
     }
 }
 
+/// An object the size of a queued job, with its state word first.
+struct JobSized {
+    state: AtomicU64,
+    _rest: [u64; 15],
+}
+
+/// The `floor_random_touch` reference (see the module docs).
+fn floor_random_touch(n: usize, seed: u64, meter: &Meter) -> Duration {
+    let jobs: Vec<Arc<JobSized>> = (0..n)
+        .map(|_| {
+            Arc::new(JobSized {
+                state: AtomicU64::new(1),
+                _rest: [0; 15],
+            })
+        })
+        .collect();
+    let mut order: Vec<&JobSized> = jobs.iter().map(|j| &**j).collect();
+    shuffle(&mut order, seed);
+    let lock = Mutex::new(0u64);
+    let mut touched = 0;
+    meter.begin();
+    let t = Instant::now();
+    for (i, job) in order.iter().enumerate() {
+        {
+            let mut count = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if job.state.load(Ordering::Relaxed) == 1 {
+                job.state.store(2, Ordering::Release);
+                *count += 1;
+            }
+        }
+        touched += *lock.lock().unwrap_or_else(|e| e.into_inner()) & 1;
+        meter.tick(i + 1);
+    }
+    let took = t.elapsed();
+    meter.end();
+    assert!(touched <= n as u64);
+    took
+}
+
 /// Cancels every handle in the given order; the time it took.
 fn cancel_all<'a>(handles: impl Iterator<Item = &'a JobHandle<u64>>, meter: &Meter) -> Duration {
     let mut refused = 0usize;
@@ -308,6 +363,7 @@ pub(crate) async fn measure(op: ScaleOp, n: usize, seed: u64, meter: &Arc<Meter>
             cancel_all(handles.iter(), meter)
         }
         ScaleOp::TimeoutStorm => storm(&blocked.pool, n, meter).await,
+        ScaleOp::FloorRandomTouch => floor_random_touch(n, seed ^ n as u64, meter),
         ScaleOp::ShutdownNow => {
             let handles = blocked.queue(n, meter);
             meter.begin();

@@ -276,8 +276,8 @@ impl Shared {
         stopped.map(|stopped| self.stopped(stopped))
     }
 
-    /// After unlocking: discards the cancelled jobs' functions and asks the
-    /// running ones to stop. Returns the cancelled jobs.
+    /// After unlocking: discards the cancelled jobs' functions and runs the
+    /// stopped ones' stop callbacks. Returns the cancelled jobs.
     fn stopped(&self, stopped: StoppedJobs) -> Vec<UnstartedJob> {
         let StoppedJobs { cancelled, running } = stopped;
         let now = crate::id::now_ns();
@@ -287,7 +287,7 @@ impl Shared {
             .collect();
         self.inner.discard_cancelled(cancelled);
         for task in &running {
-            self.inner.stop(&**task);
+            crate::stop::run_stop_callbacks(&**task);
         }
         crate::quiet::drop_quietly(running);
         report

@@ -68,14 +68,30 @@ impl StopExt {
 
 /// Requests stop on `src`; `true` if this call made the request.
 pub(crate) fn request_stop(src: &dyn StopSource) -> bool {
-    // ORDERING: AcqRel so that exactly one caller wins (inv. 2) and
-    // publishes its writes to `is_stopped` readers.
-    if src.stop_flag().swap(true, Ordering::AcqRel) {
+    if !mark_stopped(src) {
         return false;
     }
+    run_stop_callbacks(src);
+    true
+}
+
+/// The first half of [`request_stop`]: sets the flag; `true` if this call
+/// set it, and must then call [`run_stop_callbacks`] (outside any lock of
+/// ours: the callbacks are user code). Split so that a group stop sets the
+/// flags of all its running jobs in one critical section.
+pub(crate) fn mark_stopped(src: &dyn StopSource) -> bool {
+    // ORDERING: AcqRel so that exactly one caller wins (inv. 2) and
+    // publishes its writes to `is_stopped` readers.
+    !src.stop_flag().swap(true, Ordering::AcqRel)
+}
+
+/// The second half of [`request_stop`], by the caller that set the flag:
+/// wakes sleepers and runs the callbacks registered so far (inv. 3: one
+/// registered later runs at once, as the flag is set).
+pub(crate) fn run_stop_callbacks(src: &dyn StopSource) {
     // Inv. 3: the flag is set; now look for registrants and sleepers.
     let Some(ext) = src.ext(false) else {
-        return true;
+        return;
     };
     let mut guard = lock(&ext.callbacks);
     ext.changed.notify_all();
@@ -87,7 +103,6 @@ pub(crate) fn request_stop(src: &dyn StopSource) -> bool {
         guard.running = None;
         ext.changed.notify_all();
     }
-    true
 }
 
 /// A cooperative stop request, handed into every offloaded function.

@@ -526,3 +526,45 @@ async fn a_dropped_close_leaves_the_group_closed_not_stopped() {
     g.open();
     assert!(!within("the job", job).await.unwrap());
 }
+
+/// A stop sets the flag of every running job of the group in one critical
+/// section: a job that starts on the permit of the first stopped job finds
+/// every other one already stopped (it could otherwise meet one of them
+/// still running unstopped, as a barrier does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_reaches_every_running_job_at_once() {
+    for _ in 0..50 {
+        let pool = pool(2, 16);
+        let group = pool.group();
+        let (_g, hold) = gate();
+        let (tx, mut started) = signal();
+        let (token_tx, mut tokens) = signal();
+        let first = held(&group, &hold, &tx);
+        let second = group
+            .offload({
+                let (hold, tx) = (hold.clone(), tx.clone());
+                move |stop: &offloader::StopToken| {
+                    token_tx.send(stop.clone()).unwrap();
+                    tx.send(()).unwrap();
+                    hold.wait_or_stop(stop)
+                }
+            })
+            .spawn()
+            .unwrap();
+        recv("first", &mut started).await;
+        recv("second", &mut started).await;
+        let second_token = recv("the second job's token", &mut tokens).await;
+        // Queued behind both: starts on the first freed permit.
+        let outsider = pool
+            .offload(move |_| second_token.is_stopped())
+            .spawn()
+            .unwrap();
+        group.stop();
+        assert!(
+            within("the outsider", outsider).await.unwrap(),
+            "the outsider started while a stopped group's job was not yet stopped"
+        );
+        assert!(within("first", first).await.unwrap());
+        assert!(within("second", second).await.unwrap());
+    }
+}

@@ -11,8 +11,9 @@
 //!   ancestors: O(depth), independent of the queue), so every snapshot has
 //!   `accepted = queued + running + terminal`.
 //! - **G2 (stop).** A stop marks the group and its descendants stopped in the
-//!   critical section in which it collects their members: a job accepted
-//!   before it is collected, a job offered after it is refused.
+//!   critical section in which it cancels their queued members and sets the
+//!   stop flag of their running ones: a job accepted before it is reached,
+//!   a job offered after it is refused, and every member is stopped at once.
 //! - **G3 (lifetime).** A group's record lives while a handle, a child record
 //!   or one of its own jobs not yet published refers to it, so the group key
 //!   a job carries stays valid until the job's outcome is published.
@@ -36,7 +37,8 @@ use crate::wait_list::WaitList;
 pub(crate) struct StoppedJobs {
     /// Jobs it cancelled: their functions are discarded after unlocking.
     pub(crate) cancelled: Vec<Arc<dyn Task>>,
-    /// Jobs running (or returning) now: asked to stop after unlocking.
+    /// Jobs running now whose stop flag it set: their stop callbacks run
+    /// after unlocking.
     pub(crate) running: Vec<Arc<dyn Task>>,
 }
 
@@ -197,10 +199,12 @@ impl State {
     }
 
     /// Marks group `key` and its descendants stopped (and closed), cancels
-    /// their queued jobs (transition *cancel-queued*, in this one critical
-    /// section: none of them starts after the stop) and returns those, to
-    /// be discarded after unlocking, and the running ones, to be asked to
-    /// stop (G2). `None` if the group was already stopped.
+    /// their queued jobs (transition *cancel-queued*) and sets the stop
+    /// flag of their running ones, all in this one critical section: none
+    /// of the queued ones starts after the stop, and every running one is
+    /// stopped at once. Returns both, for the work after unlocking
+    /// (discarding functions, running stop callbacks) (G2). `None` if the
+    /// group was already stopped.
     pub(crate) fn group_stop(&mut self, key: Key, after: &mut After) -> Option<StoppedJobs> {
         if self.groups.get(key).is_none_or(|g| g.stopped) {
             return None;
@@ -222,7 +226,11 @@ impl State {
         for task in jobs {
             if self.cancel_queued(task.core(), after) {
                 stopped.cancelled.push(task);
-            } else {
+            } else if crate::stop::mark_stopped(&*task) {
+                // Every running job's flag in this one critical section: no
+                // job freed by an earlier one's stop meets a later one still
+                // unstopped. The callbacks run after unlocking.
+                self.stop_requested();
                 stopped.running.push(task);
             }
         }

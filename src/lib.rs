@@ -372,6 +372,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Batch calls
+//!
+//! Each job of a batch is an ordinary offload: the same permits, timeouts
+//! and abandon policies.
+//!
+//! - [`Offloader::invoke_all`]: every outcome, in input order;
+//!   [`InvokeAll::with_timeout`] ends the wait, and each unfinished job
+//!   follows its abandon policy and says so in its [`Error::TimedOut`].
+//! - [`Offloader::invoke_any`]: the first `Ok` wins; the losers are
+//!   cancelled if queued and stopped if running, and keep their permits
+//!   until their functions return (`examples/race_mirrors.rs`).
+//! - [`Offloader::map`]: a [`Map`] stream of outcomes, at most
+//!   [`limit`](Map::limit) jobs in flight, items taken as room frees, in
+//!   input order or [`unordered`](Map::unordered), going on past errors or
+//!   [`stop_on_error`](Map::stop_on_error).
+//!
+//! The same calls on a [`JobGroup`] run in it (in a child of it for
+//! `invoke_any` and `map`), so stopping the group stops them too.
+//!
 //! # The lifecycle observer
 //!
 //! [`Builder::observer`] takes an [`Observer`] that sees every job's

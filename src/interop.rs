@@ -11,6 +11,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use tokio_util::sync::CancellationToken;
 
 use crate::group::JobGroup;
+use crate::job::Task;
+use crate::pool::Inner;
 use crate::stop::StopToken;
 
 impl JobGroup {
@@ -45,32 +47,85 @@ impl JobGroup {
             return;
         }
         let group = self.downgrade();
-        let gone = self.gone();
-        let watch = async move {
-            let mut cancelled = pin!(token.cancelled());
-            let mut dropped = pin!(gone.cancelled());
-            let fired = poll_fn(|cx| {
-                if cancelled.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
+        spawn_watch(watch_until(token, self.gone(), move || group.stop()));
+    }
+}
+
+/// What an offload that follows a token carries until it is accepted.
+pub(crate) struct Follow {
+    token: CancellationToken,
+    gone: CancellationToken,
+}
+
+/// Cancels its token when dropped: the job's function is gone.
+pub(crate) struct Gone(CancellationToken);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl Follow {
+    /// A follow of `token`, and the guard the function carries.
+    pub(crate) fn new(token: CancellationToken) -> (Follow, Gone) {
+        let gone = CancellationToken::new();
+        (
+            Follow {
+                token,
+                gone: gone.clone(),
+            },
+            Gone(gone),
+        )
+    }
+
+    /// Starts watching for the accepted job `task` of pool `inner`.
+    pub(crate) fn watch(self, task: &Arc<dyn Task>, inner: &Arc<Inner>) {
+        let (task, inner) = (Arc::downgrade(task), inner.clone());
+        let stop = move || {
+            if let Some(task) = task.upgrade() {
+                if !inner.cancel(&*task) {
+                    inner.stop(&*task);
                 }
-                dropped.as_mut().poll(cx).map(|()| false)
-            })
-            .await;
-            if fired {
-                group.stop();
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(watch);
-            }
-            Err(_) => {
-                let spawned = std::thread::Builder::new()
-                    .name("offloader-stop-on".into())
-                    .spawn(move || block_on(watch));
-                if let Err(e) = spawned {
-                    tracing::warn!(error = %e, "could not spawn the thread that watches a cancellation token; the group will not follow it");
-                }
+        if self.token.is_cancelled() {
+            stop();
+            return;
+        }
+        spawn_watch(watch_until(self.token, self.gone, stop));
+    }
+}
+
+/// Runs `act` when `token` is cancelled, unless `gone` is cancelled first.
+async fn watch_until(token: CancellationToken, gone: CancellationToken, act: impl FnOnce()) {
+    let mut cancelled = pin!(token.cancelled());
+    let mut dropped = pin!(gone.cancelled());
+    let fired = poll_fn(|cx| {
+        if cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        dropped.as_mut().poll(cx).map(|()| false)
+    })
+    .await;
+    if fired {
+        act();
+    }
+}
+
+/// Runs a watch as a task on the current runtime, or on a thread of its own
+/// outside one.
+fn spawn_watch(watch: impl Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(watch);
+        }
+        Err(_) => {
+            let spawned = std::thread::Builder::new()
+                .name("offloader-stop-on".into())
+                .spawn(move || block_on(watch));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "could not spawn the thread that watches a cancellation token; the jobs will not follow it");
             }
         }
     }

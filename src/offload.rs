@@ -58,6 +58,10 @@ pub struct Offload<F, T> {
     /// Whether an awaiting caller may spin briefly for a short job's outcome
     /// (not for the jobs of a batch: they are awaited together).
     spin: bool,
+    /// A token whose cancellation cancels or stops the job, and one that is
+    /// cancelled when the job's function is gone (run or dropped).
+    #[cfg(feature = "tokio-util")]
+    follow: Option<crate::interop::Follow>,
     _result: PhantomData<fn() -> T>,
 }
 
@@ -109,6 +113,59 @@ where
             policy: None,
             group: None,
             spin: true,
+            #[cfg(feature = "tokio-util")]
+            follow: None,
+            _result: PhantomData,
+        }
+    }
+
+    /// Cancels the job if it is still queued, or sets its stop token if it
+    /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
+    /// async cancellation reaches this one blocking job. The watch ends when
+    /// the job's function has run or been dropped, and holds nothing alive
+    /// but the pool meanwhile. The function is wrapped: a refused offload
+    /// hands back the wrapper, which still runs it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tokio_util::sync::CancellationToken;
+    /// let pool = offloader::Offloader::builder().build()?;
+    /// let request = CancellationToken::new();
+    /// let job = pool
+    ///     .offload(|stop| stop.sleep(Duration::from_secs(60)))
+    ///     .stop_on(request.child_token())
+    ///     .spawn()?;
+    /// request.cancel();
+    /// match job.await {
+    ///     Err(e) if e.is_cancelled() => {} // still queued: it never ran
+    ///     Ok(slept) => assert!(slept.is_err()), // its sleep saw the stop
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tokio-util")]
+    pub fn stop_on(
+        self,
+        token: tokio_util::sync::CancellationToken,
+    ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
+        let (follow, gone) = crate::interop::Follow::new(token);
+        let func = self.func;
+        Offload {
+            pool: self.pool,
+            func: move |stop: &StopToken| {
+                // Cancels `gone` when dropped: after the call, or unrun.
+                let _gone = gone;
+                func(stop)
+            },
+            name: self.name,
+            timeout: self.timeout,
+            deadline: self.deadline,
+            policy: self.policy,
+            group: self.group,
+            spin: self.spin,
+            follow: Some(follow),
             _result: PhantomData,
         }
     }
@@ -264,9 +321,16 @@ where
                 policy: self.policy,
                 group: self.group,
                 spin: self.spin,
+                #[cfg(feature = "tokio-util")]
+                follow: self.follow,
                 _result: PhantomData,
             };
             return Err((reason, back));
+        }
+        #[cfg(feature = "tokio-util")]
+        if let Some(follow) = self.follow {
+            let task: Arc<dyn crate::job::Task> = job.clone();
+            follow.watch(&task, &inner);
         }
         let mut handle = JobHandle::new(job, inner);
         if let Some(limit) = self.timeout {

@@ -123,3 +123,71 @@ async fn a_jobs_stop_token_is_watched_as_a_cancellation_token() {
     standalone.request_stop();
     assert!(standalone.cancellation_token().is_cancelled());
 }
+
+/// A job follows a token: queued, it is cancelled and never runs; running,
+/// its stop token is set; a job whose token was already cancelled never
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_follows_a_token() {
+    let pool = pool(1, 16);
+    let request = CancellationToken::new();
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = pool
+        .offload(move |stop| {
+            tx.send(()).unwrap();
+            hold.wait_or_stop(stop)
+        })
+        .stop_on(request.child_token())
+        .spawn()
+        .unwrap();
+    recv("running", &mut started).await;
+    let ran = flag();
+    let r = ran.clone();
+    let queued = pool
+        .offload(move |_| r.store(true, std::sync::atomic::Ordering::SeqCst))
+        .stop_on(request.child_token())
+        .spawn()
+        .unwrap();
+    let other = pool.offload(|_| "not following").spawn().unwrap();
+    request.cancel();
+    assert!(within("the running job", running).await.unwrap(), "stopped");
+    assert!(within("the queued job", queued)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+    assert_eq!(
+        within("the other job", other).await.unwrap(),
+        "not following"
+    );
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    let never = pool.offload(|_| ()).stop_on(cancelled).spawn().unwrap();
+    assert!(within("never", never).await.unwrap_err().is_cancelled());
+}
+
+/// A job's watch ends once its function has run: no task is left waiting
+/// on a token that is never cancelled (a server-wide token followed by
+/// millions of jobs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_watch_ends_with_its_function() {
+    let pool = pool(2, 16);
+    let token = CancellationToken::new();
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = alive();
+    for i in 0..100 {
+        let v = pool
+            .offload(move |_| i)
+            .stop_on(token.clone())
+            .await
+            .unwrap();
+        assert_eq!(v, i);
+    }
+    eventually("every watch ended", || alive() == before).await;
+    assert!(!token.is_cancelled());
+}

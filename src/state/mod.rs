@@ -43,15 +43,12 @@
 //!   jobs and in `max_in_flight`: jobs and parked workers live in
 //!   [`Slab`]s, and each knows its own key.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
 use crate::job::Task;
-use crate::job_core::JobCore;
-use crate::observer::{EventKind, EventQueue};
-use crate::policy::Departure;
-use crate::slab::{Key, List, Slab};
+use crate::observer::EventQueue;
+use crate::slab::{List, Slab};
 
 mod admission;
 mod events;
@@ -59,6 +56,7 @@ mod groups;
 pub(crate) use groups::StoppedJobs;
 mod queries;
 mod tombstones;
+mod transitions;
 mod workers;
 use crate::sync::{thread, Arc};
 
@@ -254,195 +252,6 @@ impl State {
             counts: Counts::default(),
             hint,
         }
-    }
-
-    // ----- job transitions -------------------------------------------------
-
-    /// Transition *start*: pops the next queued job and moves it to
-    /// `Running`, taking its permit (S1, S2).
-    pub(crate) fn start(&mut self, after: &mut After) -> Option<Arc<dyn Task>> {
-        if self.draining {
-            return None;
-        }
-        if self.queued == 0 {
-            self.unlink_tombstones(after);
-            return None;
-        }
-        let (key, task) = loop {
-            let key = self.jobs.pop_front(&mut self.queue)?;
-            let task = self.jobs.get(key)?.clone();
-            // S2: a linked job is `Queued` or a tombstone.
-            if task.core().transition(QUEUED, RUNNING) {
-                break (key, task);
-            }
-            self.bury(key, after);
-        };
-        let core = task.core();
-        self.queued -= 1;
-        self.hint.store(self.queued, Ordering::Release);
-        self.group_moved(core, QUEUED, RUNNING);
-        // No room frees: the job moves from waiting to running, and the
-        // bound is on jobs beyond the free permits.
-        debug_assert!(self.running.len() < self.max_in_flight, "S1");
-        self.jobs.push_back(&mut self.running, key);
-        self.counts.max_running = self.counts.max_running.max(self.running.len() as u64);
-        self.counts.queue_wait_total += core.mark_started();
-        self.event(core, EventKind::Started, after);
-        Some(task)
-    }
-
-    /// Transition *finish*: the function of the running `core` returned
-    /// (or unwound): releases its permit and records its end (S1).
-    pub(crate) fn finish(
-        &mut self,
-        core: &JobCore,
-        panicked: bool,
-        ran: Duration,
-        after: &mut After,
-    ) {
-        let key = core.key();
-        self.jobs.unlink(&mut self.running, key);
-        after.release = self.jobs.remove(key);
-        self.counts.run_time_total += ran;
-        self.unpublished += 1;
-        let (state, word) = if panicked {
-            self.counts.panicked += 1;
-            (JobState::Panicked, PANICKED)
-        } else {
-            self.counts.completed += 1;
-            (JobState::Completed, COMPLETED)
-        };
-        core.transition(RUNNING, word);
-        self.group_moved(core, RUNNING, word);
-        self.event(core, EventKind::Finished(state), after);
-        // A free permit may let a room waiter in.
-        self.room_freed(after);
-        self.settle_check(after);
-    }
-
-    /// Transition *cancel-queued*: if `core` is still queued, moves it to
-    /// `Cancelled`, leaving it in the queue as a tombstone (S2); `true` if
-    /// it did. The caller then discards the function after unlocking.
-    pub(crate) fn cancel_queued(&mut self, core: &JobCore, after: &mut After) -> bool {
-        if !core.transition(QUEUED, CANCELLED) {
-            return false;
-        }
-        self.queued -= 1;
-        self.tombstones += 1;
-        self.hint.store(self.queued, Ordering::Release);
-        self.counts.cancelled += 1;
-        self.unpublished += 1;
-        self.group_moved(core, QUEUED, CANCELLED);
-        self.event(core, EventKind::Finished(JobState::Cancelled), after);
-        self.room_freed(after);
-        if self.tombstones > self.queued {
-            self.unlink_tombstones(after);
-        }
-        true
-    }
-
-    /// Transition *drain-unstarted* (immediate shutdown), up to `max` jobs
-    /// at a time: moves queued jobs to `Unstarted`, unlinks them and
-    /// appends them to `into` (to be discarded after unlocking). From the
-    /// first call on, [`start`](Self::start) takes nothing, so every job
-    /// queued then is drained, even across several critical sections. Once
-    /// the queue is empty, returns the running jobs (to be asked to stop).
-    pub(crate) fn drain_unstarted(
-        &mut self,
-        into: &mut Vec<Arc<dyn Task>>,
-        max: usize,
-        after: &mut After,
-    ) -> Option<Vec<Arc<dyn Task>>> {
-        debug_assert!(self.shutdown, "inv. 3: nothing joins the queue now");
-        self.draining = true;
-        let mut left = max;
-        while left > 0 {
-            let Some(key) = self.jobs.pop_front(&mut self.queue) else {
-                break;
-            };
-            let Some(task) = self.jobs.get(key) else {
-                continue;
-            };
-            // S2: a linked job is `Queued` or a tombstone.
-            if !task.core().transition(QUEUED, UNSTARTED) {
-                self.bury(key, after);
-                continue;
-            }
-            let Some(task) = self.jobs.remove(key) else {
-                continue;
-            };
-            left -= 1;
-            self.queued -= 1;
-            self.counts.unstarted += 1;
-            self.unpublished += 1;
-            self.group_moved(task.core(), QUEUED, UNSTARTED);
-            self.event(task.core(), EventKind::NeverStarted, after);
-            into.push(task);
-        }
-        self.hint.store(self.queued, Ordering::Release);
-        if !self.queue.is_empty() {
-            return None;
-        }
-        debug_assert_eq!((self.queued, self.tombstones), (0, 0), "S2");
-        self.settle_check(after);
-        Some(self.jobs.iter(&self.running).cloned().collect())
-    }
-
-    /// Transition *caller-left*: a caller stopped waiting for `core`.
-    /// Returns `false`, and records nothing, if the job is already terminal:
-    /// the caller left a finished job (and an event now could come after the
-    /// delivery thread saw the pool settle for good).
-    pub(crate) fn caller_left(
-        &mut self,
-        core: &JobCore,
-        why: Departure,
-        after: &mut After,
-    ) -> bool {
-        if core.state().is_terminal() {
-            return false;
-        }
-        core.mark_caller_left();
-        match why {
-            Departure::TimedOut => self.counts.callers_timed_out += 1,
-            Departure::Dropped => self.counts.callers_dropped += 1,
-        }
-        let state = core.state();
-        if state == JobState::Running {
-            self.counts.running_after_caller_left += 1;
-        }
-        self.event(core, EventKind::Abandoned { state }, after);
-        true
-    }
-
-    /// Transition *stop-requested*: a stop request took effect.
-    pub(crate) fn stop_requested(&mut self) {
-        self.counts.stop_requests += 1;
-    }
-
-    /// Settles `n` outcomes published outside the lock.
-    pub(crate) fn published(&mut self, n: usize, after: &mut After) {
-        self.unpublished -= n;
-        self.settle_check(after);
-    }
-
-    /// Settles one outcome published outside the lock, of a job of group
-    /// `group` if it has one.
-    pub(crate) fn published_one(&mut self, group: Option<Key>, after: &mut After) {
-        self.published_many(1, group, after);
-    }
-
-    /// Settles `n` outcomes published outside the lock; `groups` names the
-    /// group of each of them that has one.
-    pub(crate) fn published_many(
-        &mut self,
-        n: usize,
-        groups: impl IntoIterator<Item = Key>,
-        after: &mut After,
-    ) {
-        for g in groups {
-            self.group_published(g, after);
-        }
-        self.published(n, after);
     }
 
     /// Transition *stop-accepting* (graceful shutdown); `false` if already

@@ -494,6 +494,8 @@ mod delivery;
 mod pool;
 mod worker;
 
+mod control;
+
 mod handle;
 mod shutdown;
 

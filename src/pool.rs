@@ -14,11 +14,10 @@ use std::time::Duration;
 
 use crate::config::{Builder, Config};
 use crate::error::{BuildError, Error, Rejected};
-use crate::id::{JobId, JobState};
+use crate::id::JobId;
 use crate::job::{Job, Task};
 use crate::job_core::JobCore;
 use crate::metrics::Metrics;
-use crate::policy::Departure;
 use crate::quiet::call_quietly;
 use crate::state::{After, Room, State, Waiters, Worker};
 use crate::stop::StopToken;
@@ -351,72 +350,6 @@ impl Inner {
         }
         self.after(after);
         Ok(())
-    }
-
-    /// Cancels job `task` if it is still queued; `true` if this call did it.
-    pub(crate) fn cancel(&self, task: &dyn Task) -> bool {
-        let core = task.core();
-        // A job never returns to `Queued`: if it has left, the cancel fails
-        // without the lock. Otherwise this read also takes the job's cache
-        // miss before the lock, not while holding it.
-        if core.state() != JobState::Queued {
-            return false;
-        }
-        let mut after = After::default();
-        if !self.lock().cancel_queued(core, &mut after) {
-            return false;
-        }
-        self.after(after);
-        tracing::debug!(parent: &core.span(), "cancelled before start");
-        task.discard();
-        self.published_one(core);
-        true
-    }
-
-    /// Requests stop on job `task`; `true` if this call made the request
-    /// while the job was unfinished.
-    pub(crate) fn stop(&self, task: &dyn Task) -> bool {
-        if task.core().state().is_terminal() || !crate::stop::request_stop(task) {
-            return false;
-        }
-        self.lock().stop_requested();
-        tracing::debug!(parent: &task.core().span(), "stop requested");
-        true
-    }
-
-    /// Transition *caller-left*: a caller stopped waiting for `core`.
-    /// `false` if the job had already finished: nothing is recorded.
-    pub(crate) fn caller_left(&self, core: &JobCore, why: Departure) -> bool {
-        let mut after = After::default();
-        let left = self.lock().caller_left(core, why, &mut after);
-        self.after(after);
-        left
-    }
-
-    /// Discards the functions of jobs cancelled under the lock and settles
-    /// their outcomes.
-    pub(crate) fn discard_cancelled(&self, tasks: Vec<Arc<dyn Task>>) {
-        if tasks.is_empty() {
-            return;
-        }
-        for task in &tasks {
-            task.discard();
-        }
-        let groups = tasks
-            .iter()
-            .filter_map(|t| t.core().membership().map(|m| m.group));
-        let mut after = After::default();
-        self.lock().published_many(tasks.len(), groups, &mut after);
-        self.after(after);
-        crate::quiet::drop_quietly(tasks);
-    }
-
-    /// Settles the outcome of the job `core`, published outside the lock.
-    pub(crate) fn published_one(&self, core: &JobCore) {
-        let mut after = After::default();
-        self.lock()
-            .published_one(core.membership().map(|m| m.group), &mut after);
-        self.after(after);
     }
 
     /// Why a caller that waited `waited` for admission finally gave up: the

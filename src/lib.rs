@@ -503,6 +503,7 @@ mod group;
 
 mod offload;
 
+mod awaited;
 mod batch;
 #[cfg(feature = "tokio-util")]
 mod interop;
@@ -511,6 +512,7 @@ mod map;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use awaited::OffloadFuture;
 pub use batch::{BatchError, InvokeAll};
 pub use config::{
     Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
@@ -523,7 +525,7 @@ pub use id::{JobId, JobState};
 pub use map::Map;
 pub use metrics::{GroupMetrics, Metrics};
 pub use observer::{EventKind, JobEvent, Observer};
-pub use offload::{Offload, OffloadFuture};
+pub use offload::Offload;
 pub use policy::{AbandonPolicy, GroupDropPolicy};
 pub use pool::{Offloader, WeakOffloader};
 pub use report::{CloseReport, RunningJob, UnstartedJob};

@@ -9,10 +9,10 @@ use std::task::{Context, Poll};
 
 use futures_core::Stream;
 
+use crate::awaited::OffloadFuture;
 use crate::batch::{BatchError, Target};
 use crate::error::{Error, Rejected};
 use crate::group::JobGroup;
-use crate::offload::OffloadFuture;
 use crate::policy::GroupDropPolicy;
 use crate::pool::Offloader;
 use crate::ready::ReadySet;

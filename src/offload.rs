@@ -1,21 +1,19 @@
-//! `offload(f)`: the per-call builder, and the future that awaits a job
-//! directly and applies the abandon policy when its caller stops waiting.
+//! `offload(f)`: the per-call builder, its submission (`spawn`, `submit`),
+//! and `JobGroup::offload`. Awaiting it directly is `awaited.rs`.
 
 use std::fmt;
-use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
-use std::pin::{pin, Pin};
-use std::task::{Context, Poll};
+use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use crate::clock::{Began, ClockHold};
+use crate::clock::Began;
 
-use crate::error::{Error, Rejected, SubmitError};
+use crate::error::{Rejected, SubmitError};
 use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
 use crate::job_core::JobCore;
-use crate::policy::{AbandonPolicy, Departure};
+use crate::policy::AbandonPolicy;
 use crate::pool::{Offloader, Waiting};
 use crate::state::Waiters;
 use crate::stop::StopToken;
@@ -48,16 +46,16 @@ use crate::sync::Arc;
 /// ```
 #[must_use = "an offload does nothing until it is awaited or spawned"]
 pub struct Offload<F, T> {
-    pool: Offloader,
+    pub(crate) pool: Offloader,
     func: F,
     name: Option<std::sync::Arc<str>>,
-    timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     deadline: Option<Instant>,
-    policy: Option<AbandonPolicy>,
+    pub(crate) policy: Option<AbandonPolicy>,
     group: Option<JobGroup>,
     /// Whether an awaiting caller may spin briefly for a short job's outcome
     /// (not for the jobs of a batch: they are awaited together).
-    spin: bool,
+    pub(crate) spin: bool,
     /// A token whose cancellation cancels or stops the job, and one that is
     /// cancelled when the job's function is gone (run or dropped).
     #[cfg(feature = "tokio-util")]
@@ -185,7 +183,7 @@ where
     /// Bounds how long the caller waits for the outcome, counted from when
     /// the future is created (waiting for queue room included).
     ///
-    /// When it passes, the wait ends with [`Error::TimedOut`] and the job
+    /// When it passes, the wait ends with [`Error::TimedOut`](crate::Error::TimedOut) and the job
     /// follows the abandon policy. The function sees the resulting instant
     /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed handle
     /// it bounds the handle's first await.
@@ -251,7 +249,7 @@ where
     }
 
     /// [`submit`](Self::submit), with the caller's wait counted from `began`.
-    async fn submit_from(self, began: Began) -> Result<JobHandle<T>, SubmitError<F>> {
+    pub(crate) async fn submit_from(self, began: Began) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
@@ -300,7 +298,7 @@ where
 
     /// One attempt: enqueues the job if there is room; otherwise hands the
     /// offload back, unchanged but for a spent job id.
-    fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
+    pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
         let inner = self.pool.inner().clone();
         // The function's deadline is in real time: it runs on real threads.
         let wait_until = self.timeout.and_then(|t| began.real.checked_add(t));
@@ -348,201 +346,5 @@ impl<F, T> fmt::Debug for Offload<F, T> {
             .field("deadline", &self.deadline)
             .field("policy", &self.policy)
             .finish_non_exhaustive()
-    }
-}
-
-impl<F, T> IntoFuture for Offload<F, T>
-where
-    F: FnOnce(&StopToken) -> T + Send + 'static,
-    T: Send + 'static,
-{
-    type Output = Result<T, Error>;
-    type IntoFuture = OffloadFuture<F, T>;
-
-    fn into_future(self) -> OffloadFuture<F, T> {
-        let began = Began::now();
-        let policy = self.policy.unwrap_or(self.pool.inner().config.abandon);
-        OffloadFuture {
-            began,
-            limit: self.timeout,
-            policy,
-            pool: self.pool.clone(),
-            spun: !self.spin,
-            stage: Stage::Admit {
-                offload: Some(self),
-                waiting: None,
-            },
-            timer: None,
-            hold: None,
-        }
-    }
-}
-
-/// A caller's wait for queue room, owning the function meanwhile.
-type WaitForRoom<F, T> = Pin<Box<dyn Future<Output = Result<JobHandle<T>, SubmitError<F>>> + Send>>;
-
-enum Stage<F, T> {
-    /// Not yet accepted: the first attempt, then waiting for room.
-    Admit {
-        offload: Option<Offload<F, T>>,
-        waiting: Option<WaitForRoom<F, T>>,
-    },
-    /// Accepted; waiting for the outcome.
-    Wait(JobHandle<T>),
-    /// The outcome (or an error) was returned, or the caller left.
-    Done,
-}
-
-pin_project_lite::pin_project! {
-    /// The future of a directly awaited [`Offload`]: waits for room, then for
-    /// the outcome, within the caller's timeout.
-    ///
-    /// If the wait ends early (time-out, or this future is dropped) the job
-    /// follows its [`AbandonPolicy`]; the permit stays held until the
-    /// function really returns.
-    #[must_use = "futures do nothing unless polled"]
-    pub struct OffloadFuture<F, T> {
-        pool: Offloader,
-        began: Began,
-        // Whether this caller already spent its one short spin (pool.rs
-        // `caller_spin`).
-        spun: bool,
-        limit: Option<Duration>,
-        policy: AbandonPolicy,
-        stage: Stage<F, T>,
-        #[pin]
-        timer: Option<tokio::time::Sleep>,
-        // Holds a paused test clock while the awaited job runs.
-        hold: Option<Option<ClockHold>>,
-    }
-
-    impl<F, T> PinnedDrop for OffloadFuture<F, T> {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Stage::Wait(handle) = &*this.stage {
-                handle.abandon(*this.policy, Departure::Dropped);
-            }
-        }
-    }
-}
-
-impl<F, T> OffloadFuture<F, T> {
-    /// The id of the job, once it has been accepted.
-    pub fn job_id(&self) -> Option<crate::JobId> {
-        match &self.stage {
-            Stage::Wait(h) => Some(h.id()),
-            _ => None,
-        }
-    }
-}
-
-impl<F, T> Future for OffloadFuture<F, T>
-where
-    F: FnOnce(&StopToken) -> T + Send + 'static,
-    T: Send + 'static,
-{
-    type Output = Result<T, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.stage {
-                Stage::Admit { offload, waiting } => {
-                    let admitted = match waiting {
-                        // First poll: one attempt without waiting.
-                        None => {
-                            let Some(o) = offload.take() else {
-                                *this.stage = Stage::Done;
-                                continue;
-                            };
-                            match o.try_accept(*this.began) {
-                                Ok(handle) => Ok(handle),
-                                Err((
-                                    Rejected::Full { .. } | Rejected::ObserverBehind { .. },
-                                    back,
-                                )) => {
-                                    *waiting = Some(Box::pin(back.submit_from(*this.began)));
-                                    continue;
-                                }
-                                Err((reason, back)) => {
-                                    back.pool.inner().count_refusal(&reason);
-                                    Err(Error::Rejected(reason))
-                                }
-                            }
-                        }
-                        Some(fut) => match fut.as_mut().poll(cx) {
-                            Poll::Ready(r) => r.map_err(Error::from),
-                            Poll::Pending => {
-                                if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
-                                    return Poll::Pending;
-                                }
-                                // Dropping the wait gives up the function.
-                                *waiting = None;
-                                let reason = this.pool.inner().gave_up_waiting(this.began.waited());
-                                this.pool.inner().count_refusal(&reason);
-                                Err(Error::Rejected(reason))
-                            }
-                        },
-                    };
-                    match admitted {
-                        Ok(mut handle) => {
-                            handle.clear_wait_limit();
-                            *this.stage = Stage::Wait(handle);
-                        }
-                        Err(e) => {
-                            *this.stage = Stage::Done;
-                            return Poll::Ready(Err(e));
-                        }
-                    }
-                }
-                Stage::Wait(handle) => {
-                    if let Poll::Ready(outcome) = handle.poll_outcome(cx) {
-                        *this.stage = Stage::Done;
-                        *this.hold = None;
-                        return Poll::Ready(outcome);
-                    }
-                    if !std::mem::replace(this.spun, true)
-                        && handle.spin_until_finished(crate::worker::caller_spin(this.pool.inner()))
-                    {
-                        continue;
-                    }
-                    // Under a paused test clock, an await of pool work holds
-                    // the clock, as awaiting `spawn_blocking` does.
-                    if this.hold.as_ref().is_none_or(Option::is_none) {
-                        *this.hold = Some(handle.clock_hold());
-                    }
-                    if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
-                        return Poll::Pending;
-                    }
-                    *this.hold = None;
-                    let out = handle.timed_out(this.began.waited(), Some(*this.policy));
-                    *this.stage = Stage::Done;
-                    return Poll::Ready(out);
-                }
-                // Polling a finished future is a caller bug, reported as an
-                // error rather than a panic.
-                Stage::Done => return Poll::Ready(Err(Error::PolledAfterCompletion)),
-            }
-        }
-    }
-}
-
-/// Polls the caller's timer, creating it on first use; `true` once the
-/// limit has passed. Without a limit, never fires.
-fn poll_timer(
-    mut timer: Pin<&mut Option<tokio::time::Sleep>>,
-    began: Began,
-    limit: Option<Duration>,
-    cx: &mut Context<'_>,
-) -> bool {
-    let Some(limit) = limit else {
-        return false;
-    };
-    if timer.is_none() {
-        timer.set(Some(tokio::time::sleep_until(began.timer_deadline(limit))));
-    }
-    match timer.as_pin_mut() {
-        Some(sleep) => sleep.poll(cx).is_ready(),
-        None => false,
     }
 }

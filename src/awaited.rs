@@ -1,0 +1,212 @@
+//! The future of a directly awaited [`Offload`]: waits for room, then for
+//! the outcome, within the caller's timeout, and applies the abandon policy
+//! when its caller stops waiting.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::clock::{Began, ClockHold};
+use crate::error::{Error, Rejected, SubmitError};
+use crate::handle::JobHandle;
+use crate::offload::Offload;
+use crate::policy::{AbandonPolicy, Departure};
+use crate::pool::Offloader;
+use crate::stop::StopToken;
+
+impl<F, T> IntoFuture for Offload<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = Result<T, Error>;
+    type IntoFuture = OffloadFuture<F, T>;
+
+    fn into_future(self) -> OffloadFuture<F, T> {
+        let began = Began::now();
+        let policy = self.policy.unwrap_or(self.pool.inner().config.abandon);
+        OffloadFuture {
+            began,
+            limit: self.timeout,
+            policy,
+            pool: self.pool.clone(),
+            spun: !self.spin,
+            stage: Stage::Admit {
+                offload: Some(self),
+                waiting: None,
+            },
+            timer: None,
+            hold: None,
+        }
+    }
+}
+
+/// A caller's wait for queue room, owning the function meanwhile.
+type WaitForRoom<F, T> = Pin<Box<dyn Future<Output = Result<JobHandle<T>, SubmitError<F>>> + Send>>;
+
+enum Stage<F, T> {
+    /// Not yet accepted: the first attempt, then waiting for room.
+    Admit {
+        offload: Option<Offload<F, T>>,
+        waiting: Option<WaitForRoom<F, T>>,
+    },
+    /// Accepted; waiting for the outcome.
+    Wait(JobHandle<T>),
+    /// The outcome (or an error) was returned, or the caller left.
+    Done,
+}
+
+pin_project_lite::pin_project! {
+    /// The future of a directly awaited [`Offload`]: waits for room, then for
+    /// the outcome, within the caller's timeout.
+    ///
+    /// If the wait ends early (time-out, or this future is dropped) the job
+    /// follows its [`AbandonPolicy`]; the permit stays held until the
+    /// function really returns.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct OffloadFuture<F, T> {
+        pool: Offloader,
+        began: Began,
+        // Whether this caller already spent its one short spin (pool.rs
+        // `caller_spin`).
+        spun: bool,
+        limit: Option<Duration>,
+        policy: AbandonPolicy,
+        stage: Stage<F, T>,
+        #[pin]
+        timer: Option<tokio::time::Sleep>,
+        // Holds a paused test clock while the awaited job runs.
+        hold: Option<Option<ClockHold>>,
+    }
+
+    impl<F, T> PinnedDrop for OffloadFuture<F, T> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Stage::Wait(handle) = &*this.stage {
+                handle.abandon(*this.policy, Departure::Dropped);
+            }
+        }
+    }
+}
+
+impl<F, T> OffloadFuture<F, T> {
+    /// The id of the job, once it has been accepted.
+    pub fn job_id(&self) -> Option<crate::JobId> {
+        match &self.stage {
+            Stage::Wait(h) => Some(h.id()),
+            _ => None,
+        }
+    }
+}
+
+impl<F, T> Future for OffloadFuture<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.stage {
+                Stage::Admit { offload, waiting } => {
+                    let admitted = match waiting {
+                        // First poll: one attempt without waiting.
+                        None => {
+                            let Some(o) = offload.take() else {
+                                *this.stage = Stage::Done;
+                                continue;
+                            };
+                            match o.try_accept(*this.began) {
+                                Ok(handle) => Ok(handle),
+                                Err((
+                                    Rejected::Full { .. } | Rejected::ObserverBehind { .. },
+                                    back,
+                                )) => {
+                                    *waiting = Some(Box::pin(back.submit_from(*this.began)));
+                                    continue;
+                                }
+                                Err((reason, back)) => {
+                                    back.pool.inner().count_refusal(&reason);
+                                    Err(Error::Rejected(reason))
+                                }
+                            }
+                        }
+                        Some(fut) => match fut.as_mut().poll(cx) {
+                            Poll::Ready(r) => r.map_err(Error::from),
+                            Poll::Pending => {
+                                if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
+                                    return Poll::Pending;
+                                }
+                                // Dropping the wait gives up the function.
+                                *waiting = None;
+                                let reason = this.pool.inner().gave_up_waiting(this.began.waited());
+                                this.pool.inner().count_refusal(&reason);
+                                Err(Error::Rejected(reason))
+                            }
+                        },
+                    };
+                    match admitted {
+                        Ok(mut handle) => {
+                            handle.clear_wait_limit();
+                            *this.stage = Stage::Wait(handle);
+                        }
+                        Err(e) => {
+                            *this.stage = Stage::Done;
+                            return Poll::Ready(Err(e));
+                        }
+                    }
+                }
+                Stage::Wait(handle) => {
+                    if let Poll::Ready(outcome) = handle.poll_outcome(cx) {
+                        *this.stage = Stage::Done;
+                        *this.hold = None;
+                        return Poll::Ready(outcome);
+                    }
+                    if !std::mem::replace(this.spun, true)
+                        && handle.spin_until_finished(crate::worker::caller_spin(this.pool.inner()))
+                    {
+                        continue;
+                    }
+                    // Under a paused test clock, an await of pool work holds
+                    // the clock, as awaiting `spawn_blocking` does.
+                    if this.hold.as_ref().is_none_or(Option::is_none) {
+                        *this.hold = Some(handle.clock_hold());
+                    }
+                    if !poll_timer(this.timer.as_mut(), *this.began, *this.limit, cx) {
+                        return Poll::Pending;
+                    }
+                    *this.hold = None;
+                    let out = handle.timed_out(this.began.waited(), Some(*this.policy));
+                    *this.stage = Stage::Done;
+                    return Poll::Ready(out);
+                }
+                // Polling a finished future is a caller bug, reported as an
+                // error rather than a panic.
+                Stage::Done => return Poll::Ready(Err(Error::PolledAfterCompletion)),
+            }
+        }
+    }
+}
+
+/// Polls the caller's timer, creating it on first use; `true` once the
+/// limit has passed. Without a limit, never fires.
+fn poll_timer(
+    mut timer: Pin<&mut Option<tokio::time::Sleep>>,
+    began: Began,
+    limit: Option<Duration>,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(limit) = limit else {
+        return false;
+    };
+    if timer.is_none() {
+        timer.set(Some(tokio::time::sleep_until(began.timer_deadline(limit))));
+    }
+    match timer.as_pin_mut() {
+        Some(sleep) => sleep.poll(cx).is_ready(),
+        None => false,
+    }
+}

@@ -96,7 +96,12 @@ async fn stop_cancels_queued_and_stops_running_which_keep_their_permits() {
 async fn a_stopped_group_refuses_new_jobs() {
     let pool = pool(2, 16);
     let group = pool.group();
+    assert!(
+        !group.is_closed() && !group.is_stopped(),
+        "a new group is open"
+    );
     group.stop();
+    assert!(group.is_closed(), "a stopped group is closed too");
     let refused = group.offload(|_| 7).spawn().unwrap_err();
     assert!(
         matches!(refused.reason(), Rejected::GroupStopped),

@@ -294,6 +294,13 @@ enum Op {
     Idle,
     /// `stop()` on job group `g % 2` (group 1 is a child of group 0).
     StopGroup(u8),
+    /// `invoke_all` of `n` jobs that return or panic, through the pool or
+    /// group `g % 2`, awaited to the end; offered only when it cannot wait
+    /// on a gate (nothing queued, a permit free) or is refused outright.
+    InvokeAll {
+        n: u8,
+        group: Option<u8>,
+    },
 }
 
 impl fmt::Debug for Op {
@@ -377,6 +384,10 @@ impl fmt::Debug for Op {
             Op::DropLast => f.write_str("drop_last_clone"),
             Op::Idle => f.write_str("idle"),
             Op::StopGroup(g) => write!(f, "stop(group{})", g % 2),
+            Op::InvokeAll { n, group } => match group {
+                Some(g) => write!(f, "group{}.invoke_all({n})", g % 2),
+                None => write!(f, "invoke_all({n})"),
+            },
         }
     }
 }
@@ -494,6 +505,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::DropLast),
         1 => Just(Op::Idle),
         1 => (0u8..2).prop_map(Op::StopGroup),
+        1 => (1u8..6, proptest::option::of(0u8..2))
+            .prop_map(|(n, group)| Op::InvokeAll { n, group }),
     ]
 }
 
@@ -2093,6 +2106,7 @@ impl Harness {
                 | Op::DropLast
                 | Op::Idle
                 | Op::StopGroup(_)
+                | Op::InvokeAll { .. }
         );
         if needs_pool && self.no_pool() {
             self.settle().await;
@@ -2253,6 +2267,10 @@ impl Harness {
                 );
             }
             Op::Close => self.close().await,
+            Op::InvokeAll { n, group } => {
+                self.invoke_all(usize::from(n), group.map(|g| usize::from(g % 2)))
+                    .await;
+            }
             Op::StopGroup(g) => {
                 let g = usize::from(g % 2);
                 let groups = self.groups.as_ref().expect("open with the pool");
@@ -2540,6 +2558,82 @@ impl Harness {
             "the pool stays open after the test dropped its last clone"
         );
         self.model.shutdown();
+    }
+
+    /// `invoke_all` of `n` jobs (every fourth panics) through the pool or a
+    /// group: refused outright after a shutdown or a group stop, else run
+    /// only when the model says none of its jobs can wait on a gate.
+    async fn invoke_all(&mut self, n: usize, group: Option<usize>) {
+        let refusal = if self.model.shutdown {
+            Some(Rejected::ShuttingDown)
+        } else if group.is_some_and(|g| self.model.group_stopped[g]) {
+            Some(Rejected::GroupStopped)
+        } else {
+            None
+        };
+        if refusal.is_none()
+            && (!self.model.queue.is_empty() || self.model.running.len() >= self.model.max)
+        {
+            self.note(" -> skipped (its jobs could wait on a gate)".to_owned());
+            return;
+        }
+        let first = self.model.jobs.len();
+        let kinds: Vec<Kind> = (0..n)
+            .map(|i| {
+                if i % 4 == 3 {
+                    Kind::Panics
+                } else {
+                    Kind::Returns
+                }
+            })
+            .collect();
+        let funcs: Vec<Func> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| self.make(kind, first + i).0)
+            .collect();
+        let batch = match (group, &self.groups) {
+            (Some(g), Some(groups)) => groups[g].invoke_all(funcs),
+            _ => self.pool().invoke_all(funcs),
+        };
+        let out = self.within("invoke_all", batch).await;
+        ensure!(
+            self,
+            out.len() == n,
+            "invoke_all gave {} outcomes for {n}",
+            out.len()
+        );
+        if let Some(r) = refusal {
+            for o in &out {
+                let refused = matches!(o, Err(Error::Rejected(got)) if std::mem::discriminant(got) == std::mem::discriminant(&r));
+                ensure!(
+                    self,
+                    refused,
+                    "invoke_all: expected {r:?} refusals, got {o:?}"
+                );
+            }
+            match r {
+                Rejected::ShuttingDown => self.model.c.rejected_shutdown += n as u64,
+                _ => {
+                    let g = group.expect("a group refusal");
+                    for c in &mut self.model.group_rejected[..=g] {
+                        *c += n as u64;
+                    }
+                }
+            }
+            self.note(format!(" -> refused ({r:?})"));
+            return;
+        }
+        for (i, &kind) in kinds.iter().enumerate() {
+            let tag = self.model.accept(kind, None, false);
+            self.model.jobs[tag].group = group;
+            ensure!(self, tag == first + i, "tags out of step");
+        }
+        self.model.advance();
+        for (i, o) in out.iter().enumerate() {
+            self.check_outcome("invoke_all", first + i, false, o);
+        }
+        self.note(format!(" -> jobs {first}..{}", first + n));
     }
 
     fn spawn(&mut self, kind: Kind, named: bool, timeout: bool) {

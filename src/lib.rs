@@ -347,6 +347,10 @@
 //! reaches every descendant, a child's stop stays below it, and a parent's
 //! [`GroupMetrics`] and idleness include its descendants' jobs. Dropping the
 //! last handle follows a [`GroupDropPolicy`] (default: the jobs go on).
+//! With the `tokio-util` feature, a group or a single offload follows a
+//! tokio-util `CancellationToken` (`JobGroup::stop_on`, `Offload::stop_on`),
+//! and `StopToken::cancellation_token` hands a job's stop request to async
+//! code, so a tree of async cancellation reaches blocking jobs.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

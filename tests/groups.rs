@@ -216,10 +216,25 @@ async fn dropping_a_group_follows_its_policy() {
 async fn close_without_escalation() {
     let pool = pool(2, 16);
     let group = pool.group();
+    // Held until the close has begun: its report counts the jobs that
+    // complete during the close, and a job finishing before would not count.
+    let (g, hold) = gate();
     let jobs: Vec<_> = (0..4)
-        .map(|i| group.offload(move |_| i).spawn().unwrap())
+        .map(|i| {
+            let hold = hold.clone();
+            group
+                .offload(move |_| {
+                    hold.wait();
+                    i
+                })
+                .spawn()
+                .unwrap()
+        })
         .collect();
-    let report = group.close(HANG, Duration::from_secs(1)).await;
+    let mut closing = std::pin::pin!(group.close(HANG, Duration::from_secs(1)));
+    assert!(poll_once(closing.as_mut()).await.is_pending());
+    g.open();
+    let report = within("the close", closing).await;
     assert!(report.terminated && !report.escalated, "{report}");
     assert_eq!(report.completed, 4);
     assert!(report.unstarted.is_empty() && report.still_running.is_empty());

@@ -211,13 +211,28 @@ async fn dropping_a_group_follows_its_policy() {
 }
 
 /// `close`: new jobs are refused at once; jobs that finish within the
-/// graceful budget need no stop.
+/// graceful budget need no stop. The report counts the jobs that finished
+/// during the close, not those that finished before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_without_escalation() {
+    quiet_deliberate_panics();
     let pool = pool(2, 16);
     let group = pool.group();
-    // Held until the close has begun: its report counts the jobs that
-    // complete during the close, and a job finishing before would not count.
+    // Finished before the close: not in its report.
+    assert_eq!(
+        within("an earlier job", group.offload(|_| 0))
+            .await
+            .unwrap(),
+        0
+    );
+    let panicked = within(
+        "an earlier panic",
+        group.offload(|_| -> u8 { panic!("{}", ON_PURPOSE) }),
+    )
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    // Held until the close has begun: a job finishing before its first poll
+    // would not count in its report.
     let (g, hold) = gate();
     let jobs: Vec<_> = (0..4)
         .map(|i| {
@@ -236,7 +251,7 @@ async fn close_without_escalation() {
     g.open();
     let report = within("the close", closing).await;
     assert!(report.terminated && !report.escalated, "{report}");
-    assert_eq!(report.completed, 4);
+    assert_eq!((report.completed, report.panicked), (4, 0), "{report}");
     assert!(report.unstarted.is_empty() && report.still_running.is_empty());
     assert!(group.offload(|_| ()).spawn().is_err(), "closed");
     assert!(!group.is_stopped(), "closed, not stopped");

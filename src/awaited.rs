@@ -25,13 +25,13 @@ where
 
     fn into_future(self) -> OffloadFuture<F, T> {
         let began = Began::now();
-        let policy = self.policy.unwrap_or(self.pool.inner().config.abandon);
+        let policy = self.opts.policy.unwrap_or(self.pool.inner().config.abandon);
         OffloadFuture {
             began,
-            limit: self.timeout,
+            limit: self.opts.timeout,
             policy,
             pool: self.pool.clone(),
-            spun: !self.spin,
+            spun: self.opts.no_spin,
             stage: Stage::Admit {
                 offload: Some(self),
                 waiting: None,

@@ -48,6 +48,13 @@ use crate::sync::Arc;
 pub struct Offload<F, T> {
     pub(crate) pool: Offloader,
     func: F,
+    pub(crate) opts: Options,
+    _result: PhantomData<fn() -> T>,
+}
+
+/// Everything an [`Offload`] carries besides its pool and function.
+#[derive(Default)]
+pub(crate) struct Options {
     name: Option<std::sync::Arc<str>>,
     pub(crate) timeout: Option<Duration>,
     deadline: Option<Instant>,
@@ -55,12 +62,11 @@ pub struct Offload<F, T> {
     group: Option<JobGroup>,
     /// Whether an awaiting caller may spin briefly for a short job's outcome
     /// (not for the jobs of a batch: they are awaited together).
-    pub(crate) spin: bool,
+    pub(crate) no_spin: bool,
     /// A token whose cancellation cancels or stops the job, and one that is
     /// cancelled when the job's function is gone (run or dropped).
     #[cfg(feature = "tokio-util")]
     follow: Option<crate::interop::Follow>,
-    _result: PhantomData<fn() -> T>,
 }
 
 /// The entry point lives here, with the [`Offload`] it makes: the pool
@@ -91,8 +97,21 @@ impl JobGroup {
         T: Send + 'static,
     {
         let mut offload = Offload::new(self.pool.clone(), f);
-        offload.group = Some(self.clone());
+        offload.opts.group = Some(self.clone());
         offload
+    }
+}
+
+impl<F, T> Offload<F, T> {
+    /// An offload of `func` on `pool` with `opts` (also: the same options
+    /// around another function).
+    fn with_options(pool: Offloader, func: F, opts: Options) -> Self {
+        Offload {
+            pool,
+            func,
+            opts,
+            _result: PhantomData,
+        }
     }
 }
 
@@ -102,20 +121,9 @@ where
     T: Send + 'static,
 {
     fn new(pool: Offloader, func: F) -> Self {
-        Offload {
-            pool,
-            func,
-            name: None,
-            timeout: None,
-            deadline: None,
-            policy: None,
-            group: None,
-            spin: true,
-            #[cfg(feature = "tokio-util")]
-            follow: None,
-            _result: PhantomData,
-        }
+        Offload::with_options(pool, func, Options::default())
     }
+
 
     /// Cancels the job if it is still queued, or sets its stop token if it
     /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
@@ -150,33 +158,25 @@ where
     ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
         let (follow, gone) = crate::interop::Follow::new(token);
         let func = self.func;
-        Offload {
-            pool: self.pool,
-            func: move |stop: &StopToken| {
-                // Cancels `gone` when dropped: after the call, or unrun.
-                let _gone = gone;
-                func(stop)
-            },
-            name: self.name,
-            timeout: self.timeout,
-            deadline: self.deadline,
-            policy: self.policy,
-            group: self.group,
-            spin: self.spin,
-            follow: Some(follow),
-            _result: PhantomData,
-        }
+        let mut opts = self.opts;
+        opts.follow = Some(follow);
+        let func = move |stop: &StopToken| {
+            // Cancels `gone` when dropped: after the call, or unrun.
+            let _gone = gone;
+            func(stop)
+        };
+        Offload::with_options(self.pool, func, opts)
     }
 
     /// An awaiting caller does not spin for the outcome (batch calls).
     pub(crate) fn without_spin(mut self) -> Self {
-        self.spin = false;
+        self.opts.no_spin = true;
         self
     }
 
     /// Names the job, for tracing spans, errors and reports.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into().into());
+        self.opts.name = Some(name.into().into());
         self
     }
 
@@ -190,7 +190,7 @@ where
     ///
     /// Needs a tokio runtime with the time driver when awaited.
     pub fn with_timeout(mut self, limit: Duration) -> Self {
-        self.timeout = Some(limit);
+        self.opts.timeout = Some(limit);
         self
     }
 
@@ -198,13 +198,13 @@ where
     /// [`StopToken::deadline`] (the earlier of this and the caller's
     /// timeout). Advisory: the function decides what to do with it.
     pub fn deadline(mut self, at: Instant) -> Self {
-        self.deadline = Some(at);
+        self.opts.deadline = Some(at);
         self
     }
 
     /// Overrides the pool's [`AbandonPolicy`] for this call.
     pub fn on_abandon(mut self, policy: AbandonPolicy) -> Self {
-        self.policy = Some(policy);
+        self.opts.policy = Some(policy);
         self
     }
 
@@ -253,7 +253,7 @@ where
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
-        let wait_until = self.timeout.map(|limit| began.timer_deadline(limit));
+        let wait_until = self.opts.timeout.map(|limit| began.timer_deadline(limit));
         // Under a paused test clock, a timed wait for room (for running jobs
         // to finish) holds the clock as long as it lasts; set up at the
         // first wait.
@@ -301,37 +301,24 @@ where
     pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
         let inner = self.pool.inner().clone();
         // The function's deadline is in real time: it runs on real threads.
-        let wait_until = self.timeout.and_then(|t| began.real.checked_add(t));
-        let deadline = match (wait_until, self.deadline) {
+        let wait_until = self.opts.timeout.and_then(|t| began.real.checked_add(t));
+        let deadline = match (wait_until, self.opts.deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let group = self.group.as_ref().map(JobGroup::key);
-        let core = JobCore::new(inner.next_id(), self.name.clone(), deadline, group);
+        let group = self.opts.group.as_ref().map(JobGroup::key);
+        let core = JobCore::new(inner.next_id(), self.opts.name.clone(), deadline, group);
         let job = Arc::new(Job::new(core, self.func));
         if let Err((reason, func)) = inner.submit(job.clone()) {
-            let back = Offload {
-                pool: self.pool,
-                func,
-                name: self.name,
-                timeout: self.timeout,
-                deadline: self.deadline,
-                policy: self.policy,
-                group: self.group,
-                spin: self.spin,
-                #[cfg(feature = "tokio-util")]
-                follow: self.follow,
-                _result: PhantomData,
-            };
-            return Err((reason, back));
+            return Err((reason, Offload::with_options(self.pool, func, self.opts)));
         }
         #[cfg(feature = "tokio-util")]
-        if let Some(follow) = self.follow {
+        if let Some(follow) = self.opts.follow {
             let task: Arc<dyn crate::job::Task> = job.clone();
             follow.watch(&task, &inner);
         }
         let mut handle = JobHandle::new(job, inner);
-        if let Some(limit) = self.timeout {
+        if let Some(limit) = self.opts.timeout {
             handle.set_wait_limit(began, limit);
         }
         Ok(handle)
@@ -341,10 +328,10 @@ where
 impl<F, T> fmt::Debug for Offload<F, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Offload")
-            .field("name", &self.name)
-            .field("timeout", &self.timeout)
-            .field("deadline", &self.deadline)
-            .field("policy", &self.policy)
+            .field("name", &self.opts.name)
+            .field("timeout", &self.opts.timeout)
+            .field("deadline", &self.opts.deadline)
+            .field("policy", &self.opts.policy)
             .finish_non_exhaustive()
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::error::BuildError;
 use crate::observer::{Observer, ObserverSlot};
 use crate::policy::AbandonPolicy;
+use crate::state::KeyLimits;
 
 /// Largest queue capacity (2^31 jobs): far beyond any sane configuration,
 /// and small enough that queued and running jobs are addressed by 32-bit
@@ -60,6 +61,7 @@ pub(crate) struct Config {
     pub(crate) observer_lag: usize,
     /// The process-wide pool, which ignores shutdown requests.
     pub(crate) global: bool,
+    pub(crate) key_limits: KeyLimits,
 }
 
 impl Default for Builder {
@@ -76,6 +78,7 @@ impl Default for Builder {
                 observer: None,
                 observer_lag: DEFAULT_OBSERVER_LAG,
                 global: false,
+                key_limits: KeyLimits::default(),
             },
         }
     }
@@ -162,6 +165,37 @@ impl Builder {
         self
     }
 
+    /// How many jobs of one key ([`Offload::key`](crate::Offload::key)) may
+    /// run at once (default: no limit but `max_in_flight`). Jobs of a key at
+    /// its limit wait in its lane without holding back other keys' jobs,
+    /// and the pool serves the keys with a startable job in turn. Zero is
+    /// refused by [`build`](Self::build).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = offloader::Offloader::builder()
+    ///     .max_in_flight(8)
+    ///     .max_per_key(2)
+    ///     .key_limit("primary-db", 1)
+    ///     .build()?;
+    /// let rows = pool.offload(|_stop| 42).key("primary-db").await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    pub fn max_per_key(mut self, n: usize) -> Self {
+        self.config.key_limits.per_key = Some(n);
+        self
+    }
+
+    /// How many jobs of `key` may run at once, overriding
+    /// [`max_per_key`](Self::max_per_key) for that key. Zero is refused by
+    /// [`build`](Self::build).
+    pub fn key_limit(mut self, key: impl Into<crate::LaneKey>, n: usize) -> Self {
+        std::sync::Arc::make_mut(&mut self.config.key_limits.keys).insert(key.into(), n);
+        self
+    }
+
     /// The validated configuration (`Builder::build`, pool.rs, makes the
     /// pool from it).
     pub(crate) fn into_config(self) -> Result<Config, BuildError> {
@@ -202,6 +236,14 @@ impl Config {
         }
         if self.observer_lag == 0 {
             return Err(BuildError::ZeroObserverLag);
+        }
+        if self.key_limits.per_key == Some(0) {
+            return Err(BuildError::ZeroKeyLimit { key: None });
+        }
+        if let Some((key, _)) = self.key_limits.keys.iter().find(|(_, &n)| n == 0) {
+            return Err(BuildError::ZeroKeyLimit {
+                key: Some(key.clone()),
+            });
         }
         if self.thread_name.contains('\0') {
             return Err(BuildError::ThreadName {

@@ -341,6 +341,13 @@ pub enum BuildError {
         /// The refused name.
         name: String,
     },
+    /// `max_per_key` (`key: None`) or a `key_limit` was zero: no job of
+    /// the key could ever start.
+    #[error("a per-key limit must be at least 1 (key {key:?})")]
+    ZeroKeyLimit {
+        /// The key whose limit was zero; `None` for `max_per_key`.
+        key: Option<crate::LaneKey>,
+    },
     /// `queue_capacity` was zero or larger than the supported maximum.
     #[error("queue_capacity must be between 1 and {max}, got {got}")]
     QueueCapacity {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use crate::id::{now_ns, JobId, JobState, QUEUED};
+use crate::lane::LaneKey;
 use crate::slab::Key;
 use crate::sync::{AtomicBool, AtomicU8, Ordering};
 
@@ -14,6 +15,27 @@ pub(crate) struct Extras {
     pub(crate) name: Option<std::sync::Arc<str>>,
     pub(crate) deadline: Option<Instant>,
     pub(crate) group: Option<Membership>,
+    pub(crate) lane: Option<LaneRef>,
+}
+
+/// A keyed job's lane (state/lanes.rs).
+pub(crate) struct LaneRef {
+    pub(crate) key: LaneKey,
+    /// The lane's key in the pool's lane slab while the job is queued or
+    /// running. Read and written only under the pool lock.
+    slot: AtomicU32,
+}
+
+impl LaneRef {
+    pub(crate) fn slot(&self) -> Key {
+        // ORDERING: written and read under the pool lock only.
+        self.slot.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_slot(&self, key: Key) {
+        // ORDERING: written and read under the pool lock only.
+        self.slot.store(key, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A job's place in a job group (state/groups.rs).
@@ -65,16 +87,23 @@ impl JobCore {
         name: Option<std::sync::Arc<str>>,
         deadline: Option<Instant>,
         group: Option<Key>,
+        lane: Option<LaneKey>,
     ) -> Self {
         let group = group.map(|group| Membership {
             group,
             member: AtomicU32::new(0),
         });
-        let extras = (name.is_some() || deadline.is_some() || group.is_some()).then(|| {
+        let lane = lane.map(|key| LaneRef {
+            key,
+            slot: AtomicU32::new(0),
+        });
+        let rare = name.is_some() || deadline.is_some() || group.is_some() || lane.is_some();
+        let extras = rare.then(|| {
             Box::new(Extras {
                 name,
                 deadline,
                 group,
+                lane,
             })
         });
         JobCore {
@@ -154,6 +183,10 @@ impl JobCore {
     /// The job's place in a job group, if it was offloaded through one.
     pub(crate) fn membership(&self) -> Option<&Membership> {
         self.extras.as_ref()?.group.as_ref()
+    }
+
+    pub(crate) fn lane(&self) -> Option<&LaneRef> {
+        self.extras.as_ref()?.lane.as_ref()
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {

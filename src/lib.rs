@@ -475,6 +475,7 @@
 // Leaves first: each module imports only from those above it.
 mod clock;
 mod id;
+mod lane;
 mod policy;
 mod quiet;
 mod ready;
@@ -526,6 +527,7 @@ pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
 pub use group::JobGroup;
 pub use handle::JobHandle;
 pub use id::{JobId, JobState};
+pub use lane::{KeyStats, LaneKey};
 pub use map::Map;
 pub use metrics::{GroupMetrics, Metrics};
 pub use observer::{EventKind, JobEvent, Observer};

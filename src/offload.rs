@@ -60,6 +60,7 @@ pub(crate) struct Options {
     deadline: Option<Instant>,
     pub(crate) policy: Option<AbandonPolicy>,
     group: Option<JobGroup>,
+    key: Option<crate::LaneKey>,
     /// Whether an awaiting caller may spin briefly for a short job's outcome
     /// (not for the jobs of a batch: they are awaited together).
     pub(crate) no_spin: bool,
@@ -123,7 +124,6 @@ where
     fn new(pool: Offloader, func: F) -> Self {
         Offload::with_options(pool, func, Options::default())
     }
-
 
     /// Cancels the job if it is still queued, or sets its stop token if it
     /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
@@ -199,6 +199,18 @@ where
     /// timeout). Advisory: the function decides what to do with it.
     pub fn deadline(mut self, at: Instant) -> Self {
         self.opts.deadline = Some(at);
+        self
+    }
+
+    /// Puts the job in `key`'s lane: at most
+    /// [`Builder::max_per_key`](crate::Builder::max_per_key) (or the key's
+    /// [`key_limit`](crate::Builder::key_limit)) jobs of one key run at
+    /// once, and the pool serves the keys with a startable job in turn, so
+    /// one key's burst cannot hold back another key's job by more than one
+    /// turn. Jobs of one key start in submission order; a job waiting for
+    /// its lane is queued (and cancellable) like any other.
+    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
+        self.opts.key = Some(key.into());
         self
     }
 
@@ -298,6 +310,9 @@ where
 
     /// One attempt: enqueues the job if there is room; otherwise hands the
     /// offload back, unchanged but for a spent job id.
+    // The refusal hands the whole offload back for the next try; boxing it
+    // would allocate on every retry of a caller waiting for room.
+    #[allow(clippy::result_large_err)]
     pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
         let inner = self.pool.inner().clone();
         // The function's deadline is in real time: it runs on real threads.
@@ -307,7 +322,13 @@ where
             (a, b) => a.or(b),
         };
         let group = self.opts.group.as_ref().map(JobGroup::key);
-        let core = JobCore::new(inner.next_id(), self.opts.name.clone(), deadline, group);
+        let core = JobCore::new(
+            inner.next_id(),
+            self.opts.name.clone(),
+            deadline,
+            group,
+            self.opts.key.clone(),
+        );
         let job = Arc::new(Job::new(core, self.func));
         if let Err((reason, func)) = inner.submit(job.clone()) {
             return Err((reason, Offload::with_options(self.pool, func, self.opts)));

@@ -96,6 +96,7 @@ impl Offloader {
             config.max_in_flight,
             config.queue_capacity,
             config.observer.as_ref().map(|_| config.observer_lag),
+            config.key_limits.clone(),
             hint.clone(),
         );
         let doorbell = config
@@ -122,6 +123,37 @@ impl Offloader {
     /// A consistent snapshot of this pool's counters.
     pub fn metrics(&self) -> Metrics {
         self.inner().lock().snapshot()
+    }
+
+    /// The `n` keys ([`Offload::key`](crate::Offload::key)) with the most
+    /// jobs queued and running now, busiest first. Keys without a job are
+    /// not kept. Costs O(keys in use) under the pool's lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = offloader::Offloader::builder().max_per_key(1).build()?;
+    /// let (started, is_started) = std::sync::mpsc::channel();
+    /// let (release, rx) = std::sync::mpsc::channel::<()>();
+    /// let held = pool
+    ///     .offload(move |_stop| {
+    ///         started.send(()).ok();
+    ///         rx.recv()
+    ///     })
+    ///     .key("tenant-a")
+    ///     .spawn()?;
+    /// is_started.recv()?;
+    /// let queued = pool.offload(|_stop| ()).key("tenant-a").spawn()?;
+    /// let busiest = &pool.key_stats(10)[0];
+    /// assert_eq!(busiest.key.to_string(), "tenant-a");
+    /// assert_eq!((busiest.running, busiest.queued), (1, 1));
+    /// release.send(())?;
+    /// held.await?.ok();
+    /// queued.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn key_stats(&self, n: usize) -> Vec<crate::KeyStats> {
+        self.inner().lock().key_stats(n)
     }
 
     pub(crate) fn inner(&self) -> &Arc<Inner> {
@@ -326,7 +358,13 @@ impl Inner {
             warn_delivery(delivery_error);
             return Err(refused);
         }
-        let worker = s.find_worker();
+        // A job that must wait for its lane needs no worker: its lane's
+        // running jobs' workers come back to the queue (lanes.rs).
+        let worker = if s.lane_has_room(task.core()) {
+            s.find_worker()
+        } else {
+            crate::state::Worker::Busy
+        };
         let spawn_error = match self.provide_worker(&mut s, worker, &mut after) {
             Ok(()) => None,
             Err(e) if !s.has_workers() => {

@@ -51,6 +51,11 @@ impl List {
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The key at the front, if any.
+    pub(crate) fn front(&self) -> Option<Key> {
+        self.head
+    }
 }
 
 impl<T> Default for Slab<T> {
@@ -121,6 +126,13 @@ impl<T> Slab<T> {
     /// Every occupied value, in key order (O(entries): for small slabs).
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> + '_ {
         self.entries.iter().filter_map(|e| e.value.as_ref())
+    }
+
+    /// The keys of every occupied entry, in key order (O(entries)).
+    pub(crate) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
+        (0..self.entries.len())
+            .filter(|&i| self.entries[i].value.is_some())
+            .map(|i| i as Key)
     }
 
     /// The value at `key`, if occupied, for changing.

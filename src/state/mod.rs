@@ -12,7 +12,8 @@
 //! # Invariants
 //!
 //! S1–S5 are how this module keeps invariants 1, 3, 4, 9 and 10 of
-//! `docs/ARCHITECTURE.md`.
+//! `docs/ARCHITECTURE.md`; L1–L3 are how keyed lanes (lanes.rs) keep
+//! invariant 1 for a key's limit and serve keys in turn.
 //!
 //! - **S1 (permits).** A job moves `Queued → Running` only in
 //!   [`State::start`], which links it into `running`; it leaves `running`
@@ -25,12 +26,26 @@
 //!   under the lock. Starting and draining unlink it in the same critical
 //!   section; a cancel leaves it linked as a *tombstone* (touching only the
 //!   job, not its queue neighbours: a cancel at any position costs the same)
-//!   and counts it. So `queue` holds, in submission order, exactly the jobs
-//!   whose state word reads `Queued` (`queued` of them) plus `tombstones`
-//!   cancelled ones; `running` holds exactly those reading `Running`.
-//!   Tombstones are unlinked when they reach the front, and all at once
-//!   whenever they outnumber the queued jobs (a walk paid for by the cancels
-//!   that made them), so they never hold more than the live queue's memory.
+//!   and counts it. So the lanes' lists hold, each in submission order,
+//!   exactly the jobs whose state word reads `Queued` (`queued` of them)
+//!   plus `tombstones` cancelled ones; `running` holds exactly those reading
+//!   `Running`. Tombstones are unlinked when they reach the front of their
+//!   lane, and all of a lane's at once whenever they outnumber its queued
+//!   jobs (a walk paid for by the cancels that made them), so they never
+//!   hold more than the live queue's memory.
+//! - **L1 (ring = startable lanes).** A lane is linked in `ring` exactly
+//!   when it has a queued job and fewer running jobs than its limit (and no
+//!   immediate shutdown is draining); every change of a lane's counts ends
+//!   in `lane_update`, which restores this. So [`State::start`] finds a
+//!   startable job, if there is one, at the front of the ring's first lane.
+//! - **L2 (turns).** A start takes the front job of the ring's first lane,
+//!   which then goes to the back of the ring: among lanes with a startable
+//!   job, each is served once per round, and a lane's jobs start in
+//!   submission order. With only the default lane (no keys), that is the
+//!   pool's FIFO order.
+//! - **L3 (lanes follow use).** A keyed lane exists while it holds a queued
+//!   job, a tombstone or a running job; `lane_update` drops it once it holds
+//!   none. The default lane always exists.
 //! - **S3 (ledger).** Every counter changes in the critical section of the
 //!   transition it counts, and [`State::snapshot`] copies them under the
 //!   lock: `accepted = queued + running + terminal` in every snapshot.
@@ -40,8 +55,8 @@
 //!   delivering an event, dropping the slab's reference to a job) is
 //!   handed out in an [`After`] or a return value.
 //! - **S5 (O(1)).** Every per-job method is O(1) in the number of queued
-//!   jobs and in `max_in_flight`: jobs and parked workers live in
-//!   [`Slab`]s, and each knows its own key.
+//!   jobs, in the number of keys and in `max_in_flight`: jobs, lanes and
+//!   parked workers live in [`Slab`]s, and each knows its own key.
 
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
@@ -54,6 +69,8 @@ mod admission;
 mod events;
 mod groups;
 pub(crate) use groups::StoppedJobs;
+mod lanes;
+pub(crate) use lanes::KeyLimits;
 mod queries;
 mod tombstones;
 mod transitions;
@@ -163,11 +180,19 @@ pub(crate) struct State {
     jobs: Slab<Arc<dyn Task>>,
     /// Job groups (groups.rs).
     groups: Slab<groups::GroupRec>,
-    /// The `Queued` jobs in submission order, and tombstones (S2).
-    queue: List,
-    /// The `Queued` jobs in `queue` (S2).
+    /// The lanes (lanes.rs): each holds its `Queued` jobs in submission
+    /// order, and tombstones (S2). The default lane is always there.
+    lanes: Slab<lanes::Lane>,
+    /// The lanes with a startable job, in the order they take turns (L1).
+    ring: List,
+    /// Keyed lanes by key.
+    lane_index: std::collections::HashMap<crate::lane::LaneKey, crate::slab::Key>,
+    key_limits: KeyLimits,
+    /// The lanes an immediate shutdown has still to drain, last first.
+    drain_lanes: Vec<crate::slab::Key>,
+    /// The `Queued` jobs, in every lane (S2).
     queued: usize,
-    /// The cancelled jobs still linked in `queue` (S2).
+    /// The cancelled jobs still linked in a lane (S2).
     tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
     running: List,
@@ -216,8 +241,12 @@ impl State {
         max_in_flight: usize,
         queue_capacity: usize,
         observer_lag: Option<usize>,
+        key_limits: KeyLimits,
         hint: std::sync::Arc<AtomicUsize>,
     ) -> Self {
+        let mut lanes = Slab::default();
+        let default = lanes.insert(lanes::Lane::new(None, usize::MAX));
+        debug_assert_eq!(default, lanes::DEFAULT_LANE);
         State {
             max_in_flight,
             queue_capacity,
@@ -225,7 +254,11 @@ impl State {
             observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
             groups: Slab::default(),
-            queue: List::default(),
+            lanes,
+            ring: List::default(),
+            lane_index: std::collections::HashMap::new(),
+            key_limits,
+            drain_lanes: Vec::new(),
             queued: 0,
             tombstones: 0,
             running: List::default(),

@@ -22,19 +22,12 @@ impl State {
         if self.draining {
             return None;
         }
-        if self.queued == 0 {
-            self.unlink_tombstones(after);
-            return None;
-        }
-        let (key, task) = loop {
-            let key = self.jobs.pop_front(&mut self.queue)?;
-            let task = self.jobs.get(key)?.clone();
-            // S2: a linked job is `Queued` or a tombstone.
-            if task.core().transition(QUEUED, RUNNING) {
-                break (key, task);
-            }
-            self.bury(key, after);
-        };
+        // L2: the front job of the lane whose turn it is; S2: it is
+        // `Queued` (tombstones were passed over).
+        let key = self.lane_pop(after)?;
+        let task = self.jobs.get(key)?.clone();
+        let moved = task.core().transition(QUEUED, RUNNING);
+        debug_assert!(moved, "S2");
         let core = task.core();
         self.queued -= 1;
         self.hint.store(self.queued, Ordering::Release);
@@ -61,6 +54,7 @@ impl State {
         let key = core.key();
         self.jobs.unlink(&mut self.running, key);
         after.release = self.jobs.remove(key);
+        self.lane_finished(core);
         self.counts.run_time_total += ran;
         self.unpublished += 1;
         let (state, word) = if panicked {
@@ -87,15 +81,13 @@ impl State {
         }
         self.queued -= 1;
         self.tombstones += 1;
+        self.lane_cancelled(core, after);
         self.hint.store(self.queued, Ordering::Release);
         self.counts.cancelled += 1;
         self.unpublished += 1;
         self.group_moved(core, QUEUED, CANCELLED);
         self.event(core, EventKind::Finished(JobState::Cancelled), after);
         self.room_freed(after);
-        if self.tombstones > self.queued {
-            self.unlink_tombstones(after);
-        }
         true
     }
 
@@ -112,23 +104,43 @@ impl State {
         after: &mut After,
     ) -> Option<Vec<Arc<dyn Task>>> {
         debug_assert!(self.shutdown, "inv. 3: nothing joins the queue now");
-        self.draining = true;
+        if !self.draining {
+            self.draining = true;
+            // Lane by lane, the default lane first; no lane is made now.
+            self.drain_lanes = self.lanes.keys().collect();
+            self.drain_lanes.reverse();
+            while let Some(lane) = self.ring.front() {
+                self.lane_update(lane);
+            }
+        }
         let mut left = max;
         while left > 0 {
-            let Some(key) = self.jobs.pop_front(&mut self.queue) else {
+            let Some(&lane) = self.drain_lanes.last() else {
                 break;
+            };
+            let next = self
+                .lanes
+                .get_mut(lane)
+                .and_then(|l| self.jobs.pop_front(&mut l.jobs));
+            let Some(key) = next else {
+                self.drain_lanes.pop();
+                self.lane_update(lane);
+                continue;
             };
             let Some(task) = self.jobs.get(key) else {
                 continue;
             };
             // S2: a linked job is `Queued` or a tombstone.
             if !task.core().transition(QUEUED, UNSTARTED) {
-                self.bury(key, after);
+                self.bury(lane, key, after);
                 continue;
             }
             let Some(task) = self.jobs.remove(key) else {
                 continue;
             };
+            if let Some(l) = self.lanes.get_mut(lane) {
+                l.queued -= 1;
+            }
             left -= 1;
             self.queued -= 1;
             self.counts.unstarted += 1;
@@ -138,7 +150,7 @@ impl State {
             into.push(task);
         }
         self.hint.store(self.queued, Ordering::Release);
-        if !self.queue.is_empty() {
+        if !self.drain_lanes.is_empty() {
             return None;
         }
         debug_assert_eq!((self.queued, self.tombstones), (0, 0), "S2");

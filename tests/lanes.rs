@@ -1,0 +1,291 @@
+//! Keyed lanes (issue 12): `Offload::key` with `Builder::max_per_key` and
+//! `key_limit`. A key's limit holds for its functions' real run; a job
+//! waiting for its lane holds back no other key's job; the pool serves keys
+//! in turn (the starvation bound); jobs of one key start in submission
+//! order; cancel, timeouts and shutdown treat keyed jobs as any other.
+//! Ordered by gates and signals, never by sleeps.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use offloader::{AbandonPolicy, BuildError, JobHandle, LaneKey, Offloader};
+use support::*;
+
+/// Spawns a job of `key` (if any) that signals its label when it starts,
+/// then waits on `hold` (or its stop token).
+fn job(
+    pool: &Offloader,
+    key: Option<&str>,
+    label: String,
+    hold: &Hold,
+    started: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> JobHandle<bool> {
+    let (hold, started) = (hold.clone(), started.clone());
+    let mut o = pool.offload(move |stop| {
+        started.send(label).expect("test alive");
+        hold.wait_or_stop(stop)
+    });
+    if let Some(key) = key {
+        o = o.key(key);
+    }
+    o.spawn().expect("accepted")
+}
+
+/// At most `max_per_key` functions of a key run at once, even with free
+/// permits, and the key's waiting jobs hold back no job behind them: with
+/// four permits and a key limit of two, two unkeyed jobs submitted after
+/// six jobs of the key take the other two permits. Had a third job of the
+/// key started, one of them could not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_at_its_limit_holds_back_only_its_own_jobs() {
+    let pool = builder(4, 64).max_per_key(2).build().unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let keyed: Vec<_> = (0..6)
+        .map(|i| job(&pool, Some("a"), format!("a{i}"), &hold, &tx))
+        .collect();
+    let others: Vec<_> = (0..2)
+        .map(|i| job(&pool, None, format!("x{i}"), &hold, &tx))
+        .collect();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(recv("four jobs start", &mut started).await);
+    }
+    got.sort();
+    assert_eq!(got, ["a0", "a1", "x0", "x1"]);
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued), (4, 4), "{m:?}");
+    let stats = pool.key_stats(5);
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    assert_eq!(stats[0].key, LaneKey::from("a"));
+    assert_eq!(
+        (stats[0].running, stats[0].queued, stats[0].limit),
+        (2, 4, 2)
+    );
+    gate.open();
+    for h in keyed.into_iter().chain(others) {
+        within("every job", h).await.unwrap();
+    }
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!(m.completed, 8);
+    assert!(
+        pool.key_stats(5).is_empty(),
+        "an idle key's lane is dropped"
+    );
+}
+
+/// `key_limit` overrides `max_per_key` for its key, whose limit holds
+/// while the other keys use theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_limit_overrides_max_per_key() {
+    let pool = builder(8, 64)
+        .max_per_key(3)
+        .key_limit("narrow", 1)
+        .build()
+        .unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut handles: Vec<_> = (0..3)
+        .map(|i| job(&pool, Some("narrow"), format!("n{i}"), &hold, &tx))
+        .collect();
+    handles.extend((0..4).map(|i| job(&pool, Some("wide"), format!("w{i}"), &hold, &tx)));
+    handles.extend((0..4).map(|i| job(&pool, None, format!("x{i}"), &hold, &tx)));
+    // 1 narrow + 3 wide + 4 unkeyed = 8 permits: all of them start only if
+    // neither key goes past its limit.
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        got.push(recv("eight jobs start", &mut started).await);
+    }
+    got.sort();
+    assert_eq!(got, ["n0", "w0", "w1", "w2", "x0", "x1", "x2", "x3"]);
+    gate.open();
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+}
+
+/// The starvation bound: with one permit, a key that queued a thousand
+/// jobs delays another key's single job by at most one of its own: the
+/// pool serves keys in turn. Jobs of one key start in submission order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_take_turns_so_a_flood_cannot_starve_another_key() {
+    let pool = pool(1, 2048);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let first = job(&pool, Some("flood"), "flood-first".into(), &hold, &tx);
+    recv("the flood's first job holds the permit", &mut started).await;
+    let mut handles = Vec::new();
+    for i in 0..1000 {
+        let order = order.clone();
+        handles.push(
+            pool.offload(move |_| order.lock().unwrap().push(format!("flood{i}")))
+                .key("flood")
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let order2 = order.clone();
+    let single = pool
+        .offload(move |_| order2.lock().unwrap().push("single".to_owned()))
+        .key("single")
+        .spawn()
+        .unwrap();
+    gate.open();
+    within("the first job", first).await.unwrap();
+    within("the single job", single).await.unwrap();
+    for h in handles {
+        within("the flood", h).await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let at = order.iter().position(|s| s == "single").unwrap();
+    println!("the other key's job started after {at} of the flood's queued jobs");
+    assert!(
+        at <= 1,
+        "started after {at} flood jobs: {:?}",
+        &order[..at + 1]
+    );
+    let flood: Vec<_> = order.iter().filter(|s| *s != "single").cloned().collect();
+    let want: Vec<_> = (0..1000).map(|i| format!("flood{i}")).collect();
+    assert_eq!(flood, want, "one key's jobs start in submission order");
+}
+
+/// Many keys flooding at once: a new key's job starts within one round,
+/// that is after at most one job of each key already queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_waits_at_most_one_round() {
+    const KEYS: usize = 10;
+    let pool = pool(1, 4096);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let occupied = occupy(&pool, 1).await;
+    let mut handles = Vec::new();
+    for k in 0..KEYS {
+        for _ in 0..100 {
+            let order = order.clone();
+            handles.push(
+                pool.offload(move |_| order.lock().unwrap().push(k))
+                    .key(k)
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+    }
+    let order2 = order.clone();
+    handles.push(
+        pool.offload(move |_| order2.lock().unwrap().push(usize::MAX))
+            .key("late")
+            .spawn()
+            .unwrap(),
+    );
+    occupied.release().await;
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let at = order.iter().position(|&k| k == usize::MAX).unwrap();
+    println!("a new key's job started after {at} jobs of {KEYS} flooding keys");
+    assert!(at <= KEYS, "started after {at} jobs");
+}
+
+/// A keyed job waiting for its lane is queued in the ledger and can be
+/// cancelled, timed out under `CancelIfQueued`, or left unstarted by
+/// `shutdown_now`, like any other queued job; the lane is dropped after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_lane_is_queued_for_cancel_timeout_and_shutdown() {
+    let pool = builder(4, 64).max_per_key(1).build().unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = job(&pool, Some("k"), "k0".into(), &hold, &tx);
+    recv("the key's first job", &mut started).await;
+    let cancelled = job(&pool, Some("k"), "k1".into(), &hold, &tx);
+    let timed = pool
+        .offload(|_| "never")
+        .key("k")
+        .with_timeout(SHORT)
+        .on_abandon(AbandonPolicy::CancelIfQueued);
+    let left = job(&pool, Some("k"), "k3".into(), &hold, &tx);
+    assert!(cancelled.cancel());
+    let e = within("the cancelled job", cancelled).await.unwrap_err();
+    assert!(e.is_cancelled(), "{e}");
+    let e = within("the timed-out job", timed).await.unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!((m.running, m.queued, m.cancelled), (1, 1, 2), "{m:?}");
+    let unstarted = pool.shutdown_now();
+    assert_eq!(unstarted.len(), 1, "{unstarted:?}");
+    let e = within("the unstarted job", left).await.unwrap_err();
+    assert!(e.is_cancelled(), "{e}");
+    gate.open();
+    assert!(within("the running job", running).await.unwrap());
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!((m.completed, m.cancelled, m.unstarted), (1, 2, 1), "{m:?}");
+    assert!(pool.key_stats(5).is_empty());
+}
+
+/// `shutdown_now` drains every lane, each in submission order, and the
+/// graceful path runs every lane's jobs to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_drains_every_lane_in_order() {
+    let pool = pool(1, 64);
+    let occupied = occupy(&pool, 1).await;
+    let mut names = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..12 {
+        let key = ["a", "b", "c"][i % 3];
+        let name = format!("{key}{i}");
+        names.push((key, name.clone()));
+        handles.push(pool.offload(|_| ()).key(key).name(name).spawn().unwrap());
+    }
+    let unstarted = pool.shutdown_now();
+    let got: Vec<String> = unstarted
+        .iter()
+        .map(|u| u.name.as_deref().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(got.len(), 12, "{got:?}");
+    for key in ["a", "b", "c"] {
+        let want: Vec<_> = names
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, n)| n.clone())
+            .collect();
+        let mine: Vec<_> = got.iter().filter(|n| n.starts_with(key)).cloned().collect();
+        assert_eq!(mine, want, "lane {key} in submission order");
+    }
+    occupied.release().await;
+    for h in handles {
+        assert!(within("an unstarted job", h).await.is_err());
+    }
+    within("termination", pool.terminated()).await;
+    assert_ledger(&pool.metrics());
+}
+
+/// Zero as a key limit is refused when building, naming the key.
+#[test]
+fn a_zero_key_limit_is_refused() {
+    let e = Offloader::builder().max_per_key(0).build().unwrap_err();
+    assert!(matches!(e, BuildError::ZeroKeyLimit { key: None }), "{e}");
+    let e = Offloader::builder().key_limit(7u64, 0).build().unwrap_err();
+    assert!(
+        matches!(&e, BuildError::ZeroKeyLimit { key: Some(k) } if *k == LaneKey::from(7u64)),
+        "{e}"
+    );
+    assert!(e.to_string().contains("at least 1"), "{e}");
+}
+
+/// A hundred thousand keys, one job each, leave no lane behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_of_finished_keys_are_dropped() {
+    let pool = pool(2, 200_000);
+    let handles: Vec<_> = (0..100_000u64)
+        .map(|k| pool.offload(|_| ()).key(k).spawn().unwrap())
+        .collect();
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+    assert!(pool.key_stats(1).is_empty());
+    assert_eq!(pool.metrics().completed, 100_000);
+}

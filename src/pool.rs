@@ -353,7 +353,7 @@ impl Inner {
         // Before admission: events waiting for a delivery thread that
         // failed to spawn would otherwise hold admission back for good.
         let delivery_error = self.ensure_delivery(&mut s);
-        if let Err(refused) = s.admit().and_then(|()| s.group_admits(task.core())) {
+        if let Err(refused) = s.admit(task.core()) {
             drop(s);
             warn_delivery(delivery_error);
             return Err(refused);

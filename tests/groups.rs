@@ -121,6 +121,55 @@ async fn a_stopped_group_refuses_new_jobs() {
     assert!(child.offload(|_| ()).spawn().is_err());
 }
 
+/// A stopped group refuses at once even when the pool's queue is full: a
+/// caller told "full" would wait for room, through a group that can never
+/// take its job (found by the model test: `invoke_all` through a stopped
+/// group on a full pool hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_group_refuses_at_once_when_the_queue_is_full() {
+    let pool = pool(1, 1);
+    let occupied = occupy(&pool, 1).await;
+    let queued = pool.offload(|_| ()).spawn().unwrap();
+    assert!(matches!(
+        pool.offload(|_| ()).spawn().unwrap_err().reason(),
+        Rejected::Full { .. }
+    ));
+    let group = pool.group();
+    group.stop();
+    let refused = group.offload(|_| ()).spawn().unwrap_err();
+    assert!(
+        matches!(refused.reason(), Rejected::GroupStopped),
+        "{refused}"
+    );
+    let awaited = within(
+        "an awaited offload through a stopped group",
+        group.offload(|_| ()),
+    )
+    .await
+    .unwrap_err();
+    assert!(awaited.is_rejected(), "{awaited}");
+    let submitted = within(
+        "a submit through a stopped group",
+        group.offload(|_| ()).submit(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(submitted.reason(), Rejected::GroupStopped));
+    let all = within(
+        "invoke_all through a stopped group",
+        group.invoke_all(vec![|_: &offloader::StopToken| (); 2]),
+    )
+    .await;
+    assert!(
+        all.iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.is_rejected())),
+        "{all:?}"
+    );
+    assert_eq!(group.metrics().rejected, 5);
+    occupied.release().await;
+    within("the queued job", queued).await.unwrap();
+}
+
 /// Stopping a parent reaches every descendant's jobs; stopping a child
 /// does not reach its parent. A parent's metrics and idle cover its
 /// descendants' jobs.

@@ -7,19 +7,23 @@ use std::sync::atomic::Ordering;
 use super::{After, State};
 use crate::error::Rejected;
 use crate::job::Task;
+use crate::job_core::JobCore;
 use crate::observer::EventKind;
 use crate::sync::Arc;
 
 impl State {
-    /// Whether a new job may be accepted: not shut down (a refusal then is
-    /// counted here), and fewer than `queue_capacity` jobs *waiting for a
-    /// permit*: queued jobs that a free permit will start at once are not
-    /// waiting.
-    pub(crate) fn admit(&mut self) -> Result<(), Rejected> {
+    /// Whether the new job of `core` may be accepted: not shut down (a
+    /// refusal then is counted here), its group (if any) not stopped, and
+    /// fewer than `queue_capacity` jobs *waiting for a permit*: queued jobs
+    /// that a free permit will start at once are not waiting. The refusals
+    /// for good come first: a caller told "full" waits for room, and must
+    /// not wait for it through a stopped group.
+    pub(crate) fn admit(&mut self, core: &JobCore) -> Result<(), Rejected> {
         if self.shutdown {
             self.counts.rejected_shutdown += 1;
             return Err(Rejected::ShuttingDown);
         }
+        self.group_admits(core)?;
         if self.waiting_for_permit() >= self.queue_capacity {
             return Err(Rejected::Full {
                 capacity: self.queue_capacity,

@@ -47,6 +47,10 @@
 //!   then all awaited; jobs/s from the first submit to the last completion.
 //!   The offloader gets `queue_capacity(200_000)` so the batch fits: this is
 //!   about throughput, not backpressure.
+//! - `throughput_l2_keyed` (offloader only): the same batch with its jobs
+//!   keyed round-robin over 16 keys (`Offload::key`, no per-key limit), so
+//!   that each job pays for its lane; target: a keyed job costs at most
+//!   1.5 × a plain one (`keyed_cost_vs_plain`).
 //! - `efficiency_l2`: 10 000 jobs of ~50 µs of CPU work (a calibrated loop),
 //!   limit 2: ideal time (jobs × one job's cost / 2 cores) over measured
 //!   time. The job's cost is the best of 50 short single-thread runs (10
@@ -174,6 +178,9 @@ const ROUND_METRICS: [&str; 7] = [
     "cpu_ns_per_job_noop",
     "cpu_ns_per_job_50us",
 ];
+
+/// How many keys the keyed throughput batch spreads its jobs over.
+const KEYS: usize = 16;
 
 /// Memory metrics, measured under both runtimes but not in the noisy pass.
 const BYTES_METRICS: [&str; 2] = ["bytes_per_queued_job", "bytes_per_queued_job_with_handle"];
@@ -586,6 +593,9 @@ impl Burner {
 struct Round {
     latency_ns: f64,
     throughput_l2: f64,
+    /// The offloader's limit-2 throughput with its jobs keyed over
+    /// [`KEYS`] keys (0 for the other systems).
+    throughput_l2_keyed: f64,
     throughput_l64: f64,
     efficiency_l2: f64,
     peak_threads_l2: f64,
@@ -831,6 +841,11 @@ fn measure_pass(
         results[k].drain_ns_l2 = (r[0] - r[2]) * 1e9 / jobs;
         results[k].cpu_noop_ns = r[3] / jobs;
         results[k].cpu_from_ticks += r[4];
+    }
+    // A keyed job's cost: the offloader only, beside its plain batch.
+    if let Some(k) = SYSTEMS.iter().position(|s| *s == System::Offloader) {
+        let r = set.l2[k].ask(&format!("throughput_keyed {} {KEYS}", plan.throughput_jobs));
+        results[k].throughput_l2_keyed = jobs / r[0];
     }
     for i in 0..n {
         let k = order(i);
@@ -1141,6 +1156,7 @@ fn field(metric: &str) -> Option<Field> {
     let f: Field = match metric {
         "latency_ns" => |r| r.latency_ns,
         "throughput_l2" => |r| r.throughput_l2,
+        "throughput_l2_keyed" => |r| r.throughput_l2_keyed,
         "throughput_l64" => |r| r.throughput_l64,
         "efficiency_l2" => |r| r.efficiency_l2,
         "peak_threads_l2" => |r| r.peak_threads_l2,
@@ -1338,6 +1354,17 @@ impl Report {
                 Need::AtLeast(5.0),
             ),
         ];
+        let plain = self.series(c, off, |r| r.throughput_l2);
+        let keyed = self.series(c, off, |r| r.throughput_l2_keyed);
+        t.push(Target {
+            key: "keyed_cost_vs_plain".into(),
+            what: format!("keyed job cost: offloader keyed ({KEYS} keys) / plain"),
+            value: median(plain.clone()) / median(keyed.clone()),
+            need: Need::AtMost(1.5),
+            per_round: plain.iter().zip(&keyed).map(|(p, k)| p / k).collect(),
+            round_need: Need::AtMost(1.5),
+            note: "cost = 1 / throughput_l2".into(),
+        });
         let eff = self.series(c, off, |r| r.efficiency_l2);
         t.push(Target {
             key: "efficiency_l2_vs_raw_threads".into(),
@@ -1803,6 +1830,15 @@ impl Report {
                 parts.push(json_object(&format!("{metric}{}", c.suffix()), &cells));
             }
         }
+        // The offloader alone has keyed jobs.
+        for c in CONDITIONS {
+            let v = self.value(c, "throughput_l2_keyed", System::Offloader.name());
+            let cells = [(System::Offloader.name().to_owned(), json_number(v, 0))];
+            parts.push(json_object(
+                &format!("throughput_l2_keyed{}", c.suffix()),
+                &cells,
+            ));
+        }
         parts.push(format!("\"rounds\": {}", self.rounds()));
         let held: Vec<(String, String)> = targets
             .iter()
@@ -2138,6 +2174,18 @@ fn serve(args: &[String]) {
                     "throughput {} {peak} {} {cpu_ns} {ticks}",
                     took.as_secs_f64(),
                     submitted.as_secs_f64()
+                )
+            }
+            Some("throughput_keyed") => {
+                let (n, keys) = (num(1) as usize, num(2) as usize);
+                let took = on_runtime(&rt, async move {
+                    let t = Instant::now();
+                    let done = peer.batch_keyed(n, keys).await;
+                    std::hint::black_box(done.is_some().then(|| t.elapsed()))
+                });
+                format!(
+                    "throughput_keyed {}",
+                    took.map_or(f64::NAN, |t| t.as_secs_f64())
                 )
             }
             Some("efficiency") => {

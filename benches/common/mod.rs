@@ -310,23 +310,7 @@ impl Peer {
         let submitted;
         match self {
             Peer::Offloader(pool) => {
-                let mut jobs = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let job = match pool.offload(move |_stop| work(iters)).spawn() {
-                        Ok(job) => job,
-                        // Only if the queue is full: wait for room.
-                        Err(e) => pool
-                            .offload(e.into_inner())
-                            .submit()
-                            .await
-                            .expect("offloader accepts"),
-                    };
-                    jobs.push(job);
-                }
-                submitted = began.elapsed();
-                for job in jobs {
-                    sum = sum.wrapping_add(job.await.expect("offloader job"));
-                }
+                (sum, submitted) = offloader_batch(pool, n, iters, None).await;
             }
             Peer::SpawnBlocking => {
                 let jobs: Vec<_> = (0..n)
@@ -366,6 +350,16 @@ impl Peer {
             }
         }
         (sum, submitted)
+    }
+
+    /// [`batch`](Self::batch) of no-op jobs keyed round-robin over `keys`
+    /// keys (`Offload::key`), for the offloader only: what a job's lane
+    /// costs.
+    pub(crate) async fn batch_keyed(&self, n: usize, keys: usize) -> Option<(u64, Duration)> {
+        match self {
+            Peer::Offloader(pool) => Some(offloader_batch(pool, n, 0, Some(keys)).await),
+            _ => None,
+        }
     }
 
     /// Submits `n` jobs of `iters` iterations at once, detached, and waits
@@ -462,4 +456,37 @@ where
         .await
         .expect("spawn_blocking job")
     })
+}
+
+/// The offloader's [`Peer::batch`], its jobs keyed round-robin over `keys`
+/// keys if given.
+async fn offloader_batch(
+    pool: &Offloader,
+    n: usize,
+    iters: u64,
+    keys: Option<usize>,
+) -> (u64, Duration) {
+    let keyed = |o: offloader::Offload<_, u64>, i: usize| match keys {
+        Some(k) => o.key(i % k.max(1)),
+        None => o,
+    };
+    let began = Instant::now();
+    let mut jobs = Vec::with_capacity(n);
+    for i in 0..n {
+        let job = match keyed(pool.offload(move |_stop| work(iters)), i).spawn() {
+            Ok(job) => job,
+            // Only if the queue is full: wait for room.
+            Err(e) => keyed(pool.offload(e.into_inner()), i)
+                .submit()
+                .await
+                .expect("offloader accepts"),
+        };
+        jobs.push(job);
+    }
+    let submitted = began.elapsed();
+    let mut sum = 0u64;
+    for job in jobs {
+        sum = sum.wrapping_add(job.await.expect("offloader job"));
+    }
+    (sum, submitted)
 }

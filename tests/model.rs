@@ -2653,7 +2653,9 @@ impl Harness {
         }
         let got = o.spawn();
         if let Some(g) =
-            group.filter(|&g| self.model.refusal().is_none() && self.model.group_stopped[g])
+            // A stopped group refuses before a full queue does (only a
+            // shutdown comes first).
+            group.filter(|&g| !self.model.shutdown && self.model.group_stopped[g])
         {
             ensure!(
                 self,

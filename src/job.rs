@@ -464,7 +464,7 @@ mod tests {
     #[test]
     fn a_queued_noop_job_is_one_small_allocation() {
         let job = Job::new(
-            JobCore::new(crate::id::JobId(1), None, None, None, None),
+            JobCore::new(crate::id::JobId(1), None, None, None, None, Vec::new()),
             |_: &StopToken| 0u64,
         );
         let bytes = std::mem::size_of_val(&job) + 2 * std::mem::size_of::<usize>();

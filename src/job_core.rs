@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use crate::id::{now_ns, JobId, JobState, QUEUED};
-use crate::lane::LaneKey;
+use crate::lane::{LaneId, LaneKey};
+use crate::limiter::Limiter;
 use crate::slab::Key;
 use crate::sync::{AtomicBool, AtomicU8, Ordering};
 
@@ -16,11 +17,13 @@ pub(crate) struct Extras {
     pub(crate) deadline: Option<Instant>,
     pub(crate) group: Option<Membership>,
     pub(crate) lane: Option<LaneRef>,
+    /// The limiters the job needs, sorted by id, no repeats.
+    pub(crate) limiters: Vec<Limiter>,
 }
 
 /// A keyed job's lane (state/lanes.rs).
 pub(crate) struct LaneRef {
-    pub(crate) key: LaneKey,
+    pub(crate) id: LaneId,
     /// The lane's key in the pool's lane slab while the job is queued or
     /// running. Read and written only under the pool lock.
     slot: AtomicU32,
@@ -87,14 +90,21 @@ impl JobCore {
         name: Option<std::sync::Arc<str>>,
         deadline: Option<Instant>,
         group: Option<Key>,
-        lane: Option<LaneKey>,
+        key: Option<LaneKey>,
+        mut limiters: Vec<Limiter>,
     ) -> Self {
+        crate::limiter::normalise(&mut limiters);
+        let lane = match key {
+            Some(k) => Some(LaneId::Key(k)),
+            None if limiters.is_empty() => None,
+            None => Some(LaneId::Limiters(limiters.iter().map(Limiter::id).collect())),
+        };
         let group = group.map(|group| Membership {
             group,
             member: AtomicU32::new(0),
         });
-        let lane = lane.map(|key| LaneRef {
-            key,
+        let lane = lane.map(|id| LaneRef {
+            id,
             slot: AtomicU32::new(0),
         });
         let rare = name.is_some() || deadline.is_some() || group.is_some() || lane.is_some();
@@ -104,6 +114,7 @@ impl JobCore {
                 deadline,
                 group,
                 lane,
+                limiters,
             })
         });
         JobCore {
@@ -187,6 +198,11 @@ impl JobCore {
 
     pub(crate) fn lane(&self) -> Option<&LaneRef> {
         self.extras.as_ref()?.lane.as_ref()
+    }
+
+    /// The limiters the job needs (sorted by id).
+    pub(crate) fn limiters(&self) -> &[Limiter] {
+        self.extras.as_ref().map_or(&[], |e| &e.limiters)
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {

@@ -81,6 +81,15 @@ impl fmt::Debug for LaneKey {
     }
 }
 
+/// What a lane is for: a key, or (for jobs without a key) the set of
+/// limiters its jobs need, by id, sorted. Jobs without either share the
+/// default lane.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum LaneId {
+    Key(LaneKey),
+    Limiters(Vec<u64>),
+}
+
 /// One key's lane in a snapshot from
 /// [`Offloader::key_stats`](crate::Offloader::key_stats).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,7 @@
 mod clock;
 mod id;
 mod lane;
+mod limiter;
 mod policy;
 mod quiet;
 mod ready;
@@ -65,6 +66,7 @@ pub use group::JobGroup;
 pub use handle::JobHandle;
 pub use id::{JobId, JobState};
 pub use lane::{KeyStats, LaneKey};
+pub use limiter::{Limiter, LimiterStats};
 pub use map::Map;
 pub use metrics::{GroupMetrics, Metrics};
 pub use observer::{EventKind, JobEvent, Observer};

@@ -61,6 +61,7 @@ pub(crate) struct Options {
     pub(crate) policy: Option<AbandonPolicy>,
     group: Option<JobGroup>,
     key: Option<crate::LaneKey>,
+    limiters: Vec<crate::Limiter>,
     /// Whether an awaiting caller may spin briefly for a short job's outcome
     /// (not for the jobs of a batch: they are awaited together).
     pub(crate) no_spin: bool,
@@ -214,6 +215,29 @@ where
         self
     }
 
+    /// Makes the job hold a permit of `limiter` while its function runs,
+    /// taken together with its pool permit (and with those of its other
+    /// limiters: call this once per limiter) and given back together with
+    /// it when the function returns or unwinds, never with the caller's
+    /// timeout or drop. A job waiting for a limiter is queued and
+    /// cancellable like any other, and holds back no job of another lane;
+    /// unkeyed jobs with the same limiters share a lane, in submission
+    /// order.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let writer = offloader::Limiter::new(1); // one writer at a time
+    /// let pool = offloader::Offloader::builder().max_in_flight(8).build()?;
+    /// let n = pool.offload(|_stop| 1).limiter(&writer).await?;
+    /// assert_eq!((n, writer.stats().in_use), (1, 0));
+    /// # Ok(()) }
+    /// ```
+    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
+        self.opts.limiters.push(limiter.clone());
+        self
+    }
+
     /// Overrides the pool's [`AbandonPolicy`] for this call.
     pub fn on_abandon(mut self, policy: AbandonPolicy) -> Self {
         self.opts.policy = Some(policy);
@@ -328,6 +352,7 @@ where
             deadline,
             group,
             self.opts.key.clone(),
+            self.opts.limiters.clone(),
         );
         let job = Arc::new(Job::new(core, self.func));
         if let Err((reason, func)) = inner.submit(job.clone()) {

@@ -92,28 +92,33 @@ impl Offloader {
     /// A pool for a validated configuration.
     pub(crate) fn from_config(config: Config) -> Offloader {
         let hint = std::sync::Arc::new(AtomicUsize::new(0));
-        let state = State::new(
-            config.max_in_flight,
-            config.queue_capacity,
-            config.observer.as_ref().map(|_| config.observer_lag),
-            config.key_limits.clone(),
-            hint.clone(),
-        );
         let doorbell = config
             .observer
             .as_ref()
             .map(|_| crossbeam_channel::bounded(1));
-        let inner = Arc::new(Inner {
-            config,
-            state: Mutex::new(state),
-            queue_hint: hint,
-            changed: Condvar::new(),
-            progress: WaitList::default(),
-            room_freed: tokio::sync::Notify::new(),
-            next_id: AtomicU64::new(0),
-            recent_run_ns: AtomicU64::new(1_000_000),
-            doorbell,
-            clock_holds: std::sync::Arc::default(),
+        let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
+            let watcher: std::sync::Weak<dyn crate::limiter::Watcher> = me.clone();
+            let state = State::new(
+                config.max_in_flight,
+                config.queue_capacity,
+                config.observer.as_ref().map(|_| config.observer_lag),
+                config.key_limits.clone(),
+                hint.clone(),
+                watcher,
+            );
+            Inner {
+                me: me.clone(),
+                config,
+                state: Mutex::new(state),
+                queue_hint: hint,
+                changed: Condvar::new(),
+                progress: WaitList::default(),
+                room_freed: tokio::sync::Notify::new(),
+                next_id: AtomicU64::new(0),
+                recent_run_ns: AtomicU64::new(1_000_000),
+                doorbell,
+                clock_holds: std::sync::Arc::default(),
+            }
         });
         Offloader {
             handle: Arc::new(PoolHandle { inner }),
@@ -246,6 +251,9 @@ pub(crate) struct Inner {
     pub(crate) room_freed: tokio::sync::Notify,
     /// Plain std atomic: ids only need to be unique, not modelled by loom.
     next_id: AtomicU64,
+    /// This pool, for work done from a `&self` path that may spawn a
+    /// worker (a limiter's wake-up).
+    me: std::sync::Weak<Inner>,
     /// Moving average of recent run times (ns), for callers deciding
     /// whether a short spin will see the outcome before parking is worth it.
     pub(crate) recent_run_ns: AtomicU64,
@@ -280,7 +288,15 @@ impl Inner {
             release,
             dead,
             idle_groups,
+            limiter_wakes,
+            find_worker,
         } = after;
+        for (limiter, watchers) in limiter_wakes {
+            limiter.wake(&watchers, 1);
+        }
+        if find_worker {
+            self.find_worker_for_lanes();
+        }
         for worker in unpark {
             worker.unpark();
         }
@@ -317,6 +333,10 @@ impl Inner {
         if let Some((bell, _)) = &self.doorbell {
             let _ = bell.try_send(());
         }
+    }
+
+    fn me(&self) -> Option<Arc<Inner>> {
+        self.me.upgrade()
     }
 
     /// Allocates the next job id.
@@ -413,6 +433,25 @@ impl Inner {
         }
     }
 
+    /// Makes sure a worker will look at the queue if a lane became
+    /// startable outside a worker's or a submitter's path (a limiter's
+    /// permit came back, a wake-up passed on: lanes.rs L4).
+    fn find_worker_for_lanes(&self) {
+        let Some(me) = self.me() else {
+            return;
+        };
+        let mut after = After::default();
+        let mut s = self.lock();
+        if s.has_startable() {
+            let worker = s.find_worker();
+            if let Err(e) = me.provide_worker(&mut s, worker, &mut after) {
+                tracing::debug!(error = %e, "could not spawn a worker for a lane a limiter freed; queued jobs wait for busy ones");
+            }
+        }
+        drop(s);
+        self.after(after);
+    }
+
     /// Makes sure a worker will look at the queue: nothing to do if one is
     /// searching; else claim a parked one (unparked after unlocking) or
     /// spawn one under the lock.
@@ -457,6 +496,14 @@ impl Inner {
 }
 
 /// Logs a failed spawn of the observer's delivery thread (outside the lock).
+impl crate::limiter::Watcher for Inner {
+    fn limiter_freed(&self, limiter: &crate::Limiter, n: usize) {
+        let mut after = After::default();
+        self.lock().limiter_freed(limiter, n, &mut after);
+        self.after(after);
+    }
+}
+
 fn warn_delivery(error: Option<std::io::Error>) {
     if let Some(e) = error {
         tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job or the shutdown");

@@ -64,7 +64,7 @@ impl State {
         let key = self.jobs.insert(task.clone());
         task.core().set_key(key);
         self.group_join(task.core(), key);
-        self.lane_push(task.core(), key);
+        self.lane_push(task.core(), key, after);
         self.queued += 1;
         self.hint.store(self.queued, Ordering::Release);
     }

@@ -1,19 +1,30 @@
 //! Keyed lanes: the queue is one FIFO list per lane, and the pool serves
-//! the lanes that have a startable job in turn (invariants L1–L3 of the
+//! the lanes that have a startable job in turn (invariants L1–L4 of the
 //! module docs).
 //!
 //! Jobs without a key share the default lane, which has no limit of its
 //! own: a pool whose jobs have no keys has one lane and starts its jobs in
 //! submission order, as before keys existed. A keyed job joins its key's
 //! lane, made on first use and dropped once it holds no job, so memory
-//! follows the keys in use, not every key ever seen.
+//! follows the keys in use, not every key ever seen. Jobs without a key
+//! that need limiters share a lane per set of limiters.
+//!
+//! A lane whose front job cannot have a permit of one of its limiters is
+//! *blocked* on that limiter: out of the ring, in the pool's list of lanes
+//! blocked on it (L4), so that it holds back no other lane. A permit given
+//! back readies the first lane blocked on it (`limiter_freed`); a readied
+//! lane that then does not use that permit (its front job was cancelled,
+//! or needs another full limiter, or needs none) passes the wake-up to the
+//! next lane blocked on it, so no free permit is left while a lane waits
+//! for it.
 
 use std::collections::HashMap;
 
 use super::{After, State};
 use crate::id::QUEUED;
 use crate::job_core::JobCore;
-use crate::lane::{KeyStats, LaneKey};
+use crate::lane::{KeyStats, LaneId, LaneKey};
+use crate::limiter::{try_acquire_all, Limiter};
 use crate::slab::{Key, List};
 
 /// The default lane's key in the lane slab: inserted first, never removed.
@@ -23,7 +34,7 @@ pub(super) const DEFAULT_LANE: Key = 0;
 /// counts.
 pub(super) struct Lane {
     /// `None` for the default lane.
-    key: Option<LaneKey>,
+    id: Option<LaneId>,
     /// The lane's `Queued` jobs and tombstones, in submission order, as a
     /// list of the pool's job slab (S2).
     pub(super) jobs: List,
@@ -37,24 +48,44 @@ pub(super) struct Lane {
     limit: usize,
     /// Linked into the ring of startable lanes.
     in_ring: bool,
+    /// The limiter (by id) whose list of blocked lanes this lane is in.
+    blocked_on: Option<u64>,
+    /// A freed permit of this limiter readied the lane: if the lane does
+    /// not use it, the wake-up passes on (L4).
+    woken_by: Option<u64>,
+}
+
+/// A limiter this pool's lanes wait for, and the lanes blocked on it.
+pub(crate) struct Blocked {
+    limiter: Limiter,
+    lanes: List,
 }
 
 impl Lane {
-    pub(super) fn new(key: Option<LaneKey>, limit: usize) -> Self {
+    pub(super) fn new(id: Option<LaneId>, limit: usize) -> Self {
         Lane {
-            key,
+            id,
             jobs: List::default(),
             queued: 0,
             tombstones: 0,
             running: 0,
             limit,
             in_ring: false,
+            blocked_on: None,
+            woken_by: None,
         }
     }
 
     /// L1: a lane is in the ring exactly when this holds.
     fn startable(&self) -> bool {
-        self.queued > 0 && self.running < self.limit
+        self.queued > 0 && self.running < self.limit && self.blocked_on.is_none()
+    }
+
+    fn key(&self) -> Option<&LaneKey> {
+        match &self.id {
+            Some(LaneId::Key(k)) => Some(k),
+            _ => None,
+        }
     }
 
     fn is_unused(&self) -> bool {
@@ -88,17 +119,20 @@ impl State {
     }
 
     /// Puts the job `job` (of `core`, just accepted) at the back of its
-    /// lane, making the lane on the key's first use.
-    pub(super) fn lane_push(&mut self, core: &JobCore, job: Key) {
+    /// lane, making the lane on its first use.
+    pub(super) fn lane_push(&mut self, core: &JobCore, job: Key, after: &mut After) {
         let lane = match core.lane() {
             None => DEFAULT_LANE,
             Some(l) => {
-                let slot = match self.lane_index.get(&l.key) {
+                let slot = match self.lane_index.get(&l.id) {
                     Some(&slot) => slot,
                     None => {
-                        let limit = self.key_limits.of(&l.key);
-                        let slot = self.lanes.insert(Lane::new(Some(l.key.clone()), limit));
-                        self.lane_index.insert(l.key.clone(), slot);
+                        let limit = match &l.id {
+                            LaneId::Key(k) => self.key_limits.of(k),
+                            LaneId::Limiters(_) => usize::MAX,
+                        };
+                        let slot = self.lanes.insert(Lane::new(Some(l.id.clone()), limit));
+                        self.lane_index.insert(l.id.clone(), slot);
                         slot
                     }
                 };
@@ -106,11 +140,14 @@ impl State {
                 slot
             }
         };
+        for limiter in core.limiters() {
+            limiter.count_waiting(true);
+        }
         if let Some(l) = self.lanes.get_mut(lane) {
             self.jobs.push_back(&mut l.jobs, job);
             l.queued += 1;
         }
-        self.lane_update(lane);
+        self.lane_update(lane, after);
     }
 
     /// Whether a job of `core`'s key could start as soon as a permit is
@@ -121,7 +158,7 @@ impl State {
         let Some(l) = core.lane() else {
             return true;
         };
-        match self.lane_index.get(&l.key).and_then(|&k| self.lanes.get(k)) {
+        match self.lane_index.get(&l.id).and_then(|&k| self.lanes.get(k)) {
             Some(lane) => lane.running.saturating_add(lane.queued) < lane.limit,
             None => true,
         }
@@ -129,24 +166,34 @@ impl State {
 
     /// Takes the next job to start: the front job of the lane whose turn it
     /// is, which then goes to the back of the ring if it still has a
-    /// startable job (L2). Tombstones met on the way are unlinked. The
-    /// caller moves the job to `Running`; `None` if no lane is startable.
+    /// startable job (L2). Tombstones met on the way are unlinked. A front
+    /// job that cannot have its limiters' permits blocks its lane (L4) and
+    /// the next lane's turn comes. The caller moves the job to `Running`;
+    /// `None` if no lane is startable.
     pub(super) fn lane_pop(&mut self, after: &mut After) -> Option<Key> {
         loop {
             let lane_key = self.ring.front()?;
             let lane = self.lanes.get_mut(lane_key)?;
-            let Some(key) = self.jobs.pop_front(&mut lane.jobs) else {
+            let Some(key) = lane.jobs.front() else {
                 debug_assert!(false, "L1: a lane in the ring has a queued job");
                 return None;
             };
-            let queued = self
-                .jobs
-                .get(key)
-                .is_some_and(|t| t.core().state_word() == QUEUED);
-            if !queued {
+            let task = self.jobs.get(key)?;
+            if task.core().state_word() != QUEUED {
+                self.jobs.unlink(&mut lane.jobs, key);
                 self.bury(lane_key, key, after);
                 continue;
             }
+            let limiters = task.core().limiters();
+            if !limiters.is_empty() {
+                if let Err(full) = try_acquire_all(limiters, &self.watcher) {
+                    self.lane_block(lane_key, full, after);
+                    continue;
+                }
+            }
+            let uses = |id: u64| limiters.iter().any(|l| l.id() == id);
+            let passed = lane.woken_by.take().filter(|&id| !uses(id));
+            self.jobs.unlink(&mut lane.jobs, key);
             lane.queued -= 1;
             lane.running += 1;
             // L2: the lane's turn is over; it rejoins at the back.
@@ -154,44 +201,144 @@ impl State {
                 lane.in_ring = false;
                 self.lanes.unlink(&mut self.ring, lane_key);
             }
-            self.lane_update(lane_key);
+            self.lane_update(lane_key, after);
+            if let Some(id) = passed {
+                self.pass_wake(id, after);
+            }
             return Some(key);
         }
     }
 
-    /// A running job of `core`'s lane finished.
-    pub(super) fn lane_finished(&mut self, core: &JobCore) {
+    /// L4: `lane`'s front job found `full` without a free permit: the lane
+    /// leaves the ring for the list of lanes blocked on it (the try
+    /// registered this pool as its watcher, M2).
+    fn lane_block(&mut self, lane_key: Key, full: Limiter, after: &mut After) {
+        let id = full.id();
+        let entry = self.limited.entry(id).or_insert_with(|| Blocked {
+            limiter: full,
+            lanes: List::default(),
+        });
+        let Some(lane) = self.lanes.get_mut(lane_key) else {
+            return;
+        };
+        let in_ring = std::mem::take(&mut lane.in_ring);
+        lane.blocked_on = Some(id);
+        let woken = lane.woken_by.take().filter(|&w| w != id);
+        if in_ring {
+            self.lanes.unlink(&mut self.ring, lane_key);
+        }
+        self.lanes.push_back(&mut entry.lanes, lane_key);
+        if let Some(woken) = woken {
+            self.pass_wake(woken, after);
+        }
+    }
+
+    /// `n` permits of `limiter` came back: readies up to `n` lanes blocked
+    /// on it, first blocked first (L4); stops watching it if none is left.
+    pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, n: usize, after: &mut After) {
+        for _ in 0..n {
+            if !self.pass_wake(limiter.id(), after) {
+                break;
+            }
+        }
+        let empty = self
+            .limited
+            .get(&limiter.id())
+            .is_none_or(|b| b.lanes.is_empty());
+        if empty {
+            if let Some(b) = self.limited.remove(&limiter.id()) {
+                b.limiter.unwatch(&self.watcher);
+            }
+        }
+    }
+
+    /// Readies the first lane blocked on limiter `id`, marked as woken by
+    /// it (L4); `false` if none is blocked on it.
+    fn pass_wake(&mut self, id: u64, after: &mut After) -> bool {
+        let Some(b) = self.limited.get_mut(&id) else {
+            return false;
+        };
+        let Some(lane_key) = self.lanes.pop_front(&mut b.lanes) else {
+            return false;
+        };
+        if let Some(lane) = self.lanes.get_mut(lane_key) {
+            lane.blocked_on = None;
+            lane.woken_by = Some(id);
+        }
+        self.lane_update(lane_key, after);
+        after.find_worker = true;
+        true
+    }
+
+    /// A running job of `core`'s lane finished: its lane's count and its
+    /// limiters' permits go back together with its pool permit.
+    pub(super) fn lane_finished(&mut self, core: &JobCore, after: &mut After) {
+        crate::limiter::release_all(core.limiters(), &mut after.limiter_wakes);
         let lane = Self::lane_of(core);
         if let Some(l) = self.lanes.get_mut(lane) {
             l.running -= 1;
         }
-        self.lane_update(lane);
+        self.lane_update(lane, after);
     }
 
     /// A queued job of `core`'s lane was cancelled: it stays linked as a
     /// tombstone, and the lane's tombstones are unlinked once they
     /// outnumber its queued jobs (S2).
     pub(super) fn lane_cancelled(&mut self, core: &JobCore, after: &mut After) {
+        self.lane_left_queue(core);
         let lane = Self::lane_of(core);
         let Some(l) = self.lanes.get_mut(lane) else {
             return;
         };
         l.queued -= 1;
         l.tombstones += 1;
-        if l.tombstones > l.queued {
+        let crowded = l.tombstones > l.queued;
+        // The lane's front job may have changed: a blocked lane tries again,
+        // which needs a worker to look.
+        if let Some(id) = l.blocked_on.take() {
+            if let Some(b) = self.limited.get_mut(&id) {
+                self.lanes.unlink(&mut b.lanes, lane);
+            }
+            after.find_worker = true;
+        }
+        if crowded {
             self.unlink_tombstones(lane, after);
         }
-        self.lane_update(lane);
+        self.lane_update(lane, after);
     }
 
-    /// Restores L1 for `lane` after its counts changed, and drops a keyed
-    /// lane that holds no job (L3).
-    pub(super) fn lane_update(&mut self, lane_key: Key) {
+    /// A queued job of `core` left the queue without starting (cancelled
+    /// or drained): its limiters stop counting it as waiting.
+    pub(super) fn lane_left_queue(&mut self, core: &JobCore) {
+        for limiter in core.limiters() {
+            limiter.count_waiting(false);
+        }
+    }
+
+    /// Restores L1 for `lane` after its counts changed, takes a lane left
+    /// without queued jobs out of its blocked list (passing on a wake-up it
+    /// had: L4), and drops a keyed lane that holds no job (L3).
+    pub(super) fn lane_update(&mut self, lane_key: Key, after: &mut After) {
+        let Some(lane) = self.lanes.get_mut(lane_key) else {
+            return;
+        };
+        if lane.queued == 0 || self.draining {
+            if let Some(id) = lane.blocked_on.take() {
+                if let Some(b) = self.limited.get_mut(&id) {
+                    self.lanes.unlink(&mut b.lanes, lane_key);
+                }
+            }
+        }
         let Some(lane) = self.lanes.get_mut(lane_key) else {
             return;
         };
         let startable = lane.startable() && !self.draining;
         let unused = lane.is_unused();
+        let passed = if lane.queued == 0 {
+            lane.woken_by.take()
+        } else {
+            None
+        };
         if startable != lane.in_ring {
             lane.in_ring = startable;
             if startable {
@@ -202,15 +349,18 @@ impl State {
         }
         if lane_key != DEFAULT_LANE && unused {
             if let Some(gone) = self.lanes.remove(lane_key) {
-                if let Some(key) = gone.key {
-                    self.lane_index.remove(&key);
+                if let Some(id) = gone.id {
+                    self.lane_index.remove(&id);
                 }
             }
+        }
+        if let Some(id) = passed {
+            self.pass_wake(id, after);
         }
     }
 
     /// Whether some lane has a startable job.
-    pub(super) fn any_startable(&self) -> bool {
+    pub(crate) fn has_startable(&self) -> bool {
         !self.ring.is_empty()
     }
 
@@ -222,7 +372,7 @@ impl State {
             .values()
             .filter_map(|l| {
                 Some(KeyStats {
-                    key: l.key.clone()?,
+                    key: l.key()?.clone(),
                     queued: l.queued as u64,
                     running: l.running as u64,
                     limit: l.limit,

@@ -97,6 +97,11 @@ pub(crate) struct After {
     pub(crate) dead: Vec<Arc<dyn Task>>,
     /// Job groups that became idle: their waiters to wake.
     pub(crate) idle_groups: Vec<std::sync::Arc<crate::wait_list::WaitList>>,
+    /// Limiters whose permits were given back: the pools to tell.
+    pub(crate) limiter_wakes: Vec<crate::limiter::Wake>,
+    /// A lane became startable outside a worker's or a submitter's path:
+    /// make sure a worker will look (lanes.rs L4).
+    pub(crate) find_worker: bool,
 }
 
 impl After {
@@ -186,7 +191,12 @@ pub(crate) struct State {
     /// The lanes with a startable job, in the order they take turns (L1).
     ring: List,
     /// Keyed lanes by key.
-    lane_index: std::collections::HashMap<crate::lane::LaneKey, crate::slab::Key>,
+    lane_index: std::collections::HashMap<crate::lane::LaneId, crate::slab::Key>,
+    /// The limiters this pool's lanes wait for, by id, each with its lanes
+    /// blocked on it in the order they blocked (lanes.rs L4).
+    limited: std::collections::HashMap<u64, lanes::Blocked>,
+    /// This pool, as a limiter's watcher (limiter.rs M2).
+    watcher: std::sync::Weak<dyn crate::limiter::Watcher>,
     key_limits: KeyLimits,
     /// The lanes an immediate shutdown has still to drain, last first.
     drain_lanes: Vec<crate::slab::Key>,
@@ -243,6 +253,7 @@ impl State {
         observer_lag: Option<usize>,
         key_limits: KeyLimits,
         hint: std::sync::Arc<AtomicUsize>,
+        watcher: std::sync::Weak<dyn crate::limiter::Watcher>,
     ) -> Self {
         let mut lanes = Slab::default();
         let default = lanes.insert(lanes::Lane::new(None, usize::MAX));
@@ -257,6 +268,8 @@ impl State {
             lanes,
             ring: List::default(),
             lane_index: std::collections::HashMap::new(),
+            limited: std::collections::HashMap::new(),
+            watcher,
             key_limits,
             drain_lanes: Vec::new(),
             queued: 0,

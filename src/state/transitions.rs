@@ -54,7 +54,7 @@ impl State {
         let key = core.key();
         self.jobs.unlink(&mut self.running, key);
         after.release = self.jobs.remove(key);
-        self.lane_finished(core);
+        self.lane_finished(core, after);
         self.counts.run_time_total += ran;
         self.unpublished += 1;
         let (state, word) = if panicked {
@@ -110,7 +110,7 @@ impl State {
             self.drain_lanes = self.lanes.keys().collect();
             self.drain_lanes.reverse();
             while let Some(lane) = self.ring.front() {
-                self.lane_update(lane);
+                self.lane_update(lane, after);
             }
         }
         let mut left = max;
@@ -124,7 +124,7 @@ impl State {
                 .and_then(|l| self.jobs.pop_front(&mut l.jobs));
             let Some(key) = next else {
                 self.drain_lanes.pop();
-                self.lane_update(lane);
+                self.lane_update(lane, after);
                 continue;
             };
             let Some(task) = self.jobs.get(key) else {
@@ -146,6 +146,7 @@ impl State {
             self.counts.unstarted += 1;
             self.unpublished += 1;
             self.group_moved(task.core(), QUEUED, UNSTARTED);
+            self.lane_left_queue(task.core());
             self.event(task.core(), EventKind::NeverStarted, after);
             into.push(task);
         }

@@ -36,7 +36,7 @@ impl State {
     /// makes sure a worker will look at them (nothing to do if another is
     /// searching: [`State::find_worker`]).
     pub(crate) fn wake_another(&mut self) -> Worker {
-        if !self.any_startable() {
+        if !self.has_startable() {
             return Worker::Searching;
         }
         self.find_worker()

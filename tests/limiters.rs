@@ -1,0 +1,309 @@
+//! Shared limiters (issue 12): `Limiter` with `Offload::limiter`. A
+//! limiter's permits are held for the functions' real run, across pools;
+//! several limiters are taken together, all or none; a job waiting for a
+//! limiter is queued, cancellable and holds back no other lane; FIFO within
+//! a limiter. Ordered by gates and signals, never by sleeps.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use offloader::{AbandonPolicy, JobHandle, JobState, Limiter, Offloader};
+use support::*;
+
+/// Spawns a job that needs `limiters`, signals `label` when it starts,
+/// counts itself in `probe` while it runs, and waits on `hold`.
+fn limited(
+    pool: &Offloader,
+    limiters: &[&Limiter],
+    label: &str,
+    probe: &Concurrency,
+    hold: &Hold,
+    started: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> JobHandle<()> {
+    let (hold, started, probe, label) = (
+        hold.clone(),
+        started.clone(),
+        probe.clone(),
+        label.to_owned(),
+    );
+    let mut o = pool.offload(move |_| {
+        let _in = probe.enter();
+        started.send(label).expect("test alive");
+        hold.wait();
+    });
+    for l in limiters {
+        o = o.limiter(l);
+    }
+    o.spawn().expect("accepted")
+}
+
+/// One limiter of two permits shared by two pools of four: at most two of
+/// their functions run at once, the others wait in their queues, and
+/// unlimited jobs of both pools still start beside them. A permit freed in
+/// one pool starts a job waiting in the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_bounds_the_functions_of_every_pool_that_uses_it() {
+    let sdk = Limiter::new(2);
+    let (a, b) = (pool(4, 64), pool(4, 64));
+    let probe = Concurrency::default();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut jobs = Vec::new();
+    for i in 0..10 {
+        let p = if i % 2 == 0 { &a } else { &b };
+        jobs.push(limited(p, &[&sdk], &format!("l{i}"), &probe, &hold, &tx));
+    }
+    recv("a limited job", &mut started).await;
+    recv("another limited job", &mut started).await;
+    // Both pools still run unlimited jobs: no head-of-line blocking.
+    let free = Concurrency::default();
+    let others: Vec<_> = [&a, &b, &a, &b]
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| limited(p, &[], &format!("u{i}"), &free, &hold, &tx))
+        .collect();
+    let mut got: Vec<String> = Vec::new();
+    for _ in 0..4 {
+        got.push(recv("the unlimited jobs", &mut started).await);
+    }
+    got.sort();
+    assert_eq!(got, ["u0", "u1", "u2", "u3"]);
+    let s = sdk.stats();
+    assert_eq!((s.in_use, s.waiting, s.permits), (2, 8, 2), "{s:?}");
+    assert_eq!(probe.now(), 2);
+    let (ma, mb) = (a.metrics(), b.metrics());
+    assert_eq!(ma.queued + mb.queued, 8, "{ma:?} {mb:?}");
+    gate.open();
+    for j in jobs.into_iter().chain(others) {
+        within("every job", j).await.unwrap();
+    }
+    assert_eq!(probe.max(), 2, "never more than the limiter's permits");
+    let s = sdk.stats();
+    assert_eq!((s.in_use, s.waiting, s.high_water), (0, 0, 2), "{s:?}");
+    assert_ledger(&a.metrics());
+    assert_ledger(&b.metrics());
+}
+
+/// A caller's timeout gives nothing back: the timed-out function keeps its
+/// limiter permit until it returns, and the next job of the limiter waits
+/// until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_comes_back_when_the_function_returns_not_when_the_caller_leaves() {
+    let db = Limiter::new(1);
+    let pool = pool(4, 16);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let (htx, hold2) = (tx.clone(), hold.clone());
+    let slow = pool
+        .offload(move |_| {
+            htx.send("slow".to_owned()).unwrap();
+            hold2.wait();
+        })
+        .limiter(&db)
+        .with_timeout(SHORT)
+        .on_abandon(AbandonPolicy::CancelAndStop);
+    let slow = tokio::spawn(std::future::IntoFuture::into_future(slow));
+    recv("the slow job", &mut started).await;
+    let e = within("the caller's timeout", slow)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    let next = limited(&pool, &[&db], "next", &Concurrency::default(), &hold, &tx);
+    assert_eq!(
+        db.stats().in_use,
+        1,
+        "the timed-out function still holds it"
+    );
+    assert_eq!(next.state(), JobState::Queued);
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued), (1, 1), "{m:?}");
+    gate.open();
+    assert_eq!(recv("the next job", &mut started).await, "next");
+    within("the next job", next).await.unwrap();
+    assert_eq!(db.stats().in_use, 0);
+}
+
+/// Several limiters are taken together: a job that needs `a` and `b` waits
+/// for `a` without holding `b`, so a job needing only `b` runs meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limiters_are_taken_all_or_none() {
+    let (la, lb) = (Limiter::new(1), Limiter::new(1));
+    let pool = pool(4, 16);
+    let probe = Concurrency::default();
+    let (gate_x, hold_x) = gate();
+    let (gate_z, hold_z) = gate();
+    let (tx, mut started) = signal();
+    let x = limited(&pool, &[&la], "x", &probe, &hold_x, &tx);
+    assert_eq!(recv("x", &mut started).await, "x");
+    let y = limited(&pool, &[&la, &lb], "y", &probe, &hold_x, &tx);
+    let z = limited(&pool, &[&lb], "z", &probe, &hold_z, &tx);
+    assert_eq!(recv("z, while y waits for a", &mut started).await, "z");
+    assert_eq!(y.state(), JobState::Queued);
+    assert_eq!((la.stats().in_use, lb.stats().in_use), (1, 1));
+    // x returns: `a` is free, but `b` is still z's.
+    gate_x.open();
+    within("x", x).await.unwrap();
+    assert_eq!(y.state(), JobState::Queued, "y waits for b now");
+    assert_eq!((la.stats().in_use, lb.stats().in_use), (0, 1));
+    gate_z.open();
+    assert_eq!(recv("y", &mut started).await, "y");
+    within("z", z).await.unwrap();
+    within("y", y).await.unwrap();
+    let (sa, sb) = (la.stats(), lb.stats());
+    assert_eq!((sa.in_use, sb.in_use, sa.waiting, sb.waiting), (0, 0, 0, 0));
+    assert_eq!(sa.high_water, 1);
+    assert_eq!(sb.high_water, 1);
+}
+
+/// Jobs of one limiter (and no key) start in submission order, and a job
+/// waiting for a limiter holds back no other lane's job: unlimited and
+/// keyed jobs behind it run first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_within_a_limiter_and_no_head_of_line_blocking() {
+    let writer = Limiter::new(1);
+    let pool = pool(2, 256);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let first = limited(
+        &pool,
+        &[&writer],
+        "first",
+        &Concurrency::default(),
+        &hold,
+        &tx,
+    );
+    recv("the first writer", &mut started).await;
+    let mut writes = Vec::new();
+    for i in 0..50 {
+        let order = order.clone();
+        writes.push(
+            pool.offload(move |_| order.lock().unwrap().push(i))
+                .limiter(&writer)
+                .spawn()
+                .unwrap(),
+        );
+    }
+    // Behind fifty waiting writers, on the one free permit.
+    within("an unlimited job", pool.offload(|_| ()))
+        .await
+        .unwrap();
+    within("a keyed job", pool.offload(|_| ()).key("k"))
+        .await
+        .unwrap();
+    assert_eq!(writer.stats().waiting, 50);
+    gate.open();
+    within("the first writer", first).await.unwrap();
+    for w in writes {
+        within("a write", w).await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..50).collect::<Vec<_>>(), "submission order");
+}
+
+/// A job waiting for a limiter is queued: cancel, a timeout under
+/// `CancelIfQueued` and `shutdown_now` each leave it unstarted, and the
+/// limiter stops counting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_limiter_is_queued_for_cancel_timeout_and_shutdown() {
+    let l = Limiter::new(1);
+    let pool = pool(4, 16);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let probe = Concurrency::default();
+    let running = limited(&pool, &[&l], "running", &probe, &hold, &tx);
+    recv("the running job", &mut started).await;
+    let cancelled = limited(&pool, &[&l], "cancelled", &probe, &hold, &tx);
+    let timed = pool
+        .offload(|_| ())
+        .limiter(&l)
+        .with_timeout(SHORT)
+        .on_abandon(AbandonPolicy::CancelIfQueued);
+    let left = limited(&pool, &[&l], "left", &probe, &hold, &tx);
+    assert_eq!(l.stats().waiting, 2);
+    assert!(cancelled.cancel());
+    assert!(within("cancelled", cancelled)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+    let e = within("timed out", timed).await.unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    assert_eq!(l.stats().waiting, 1);
+    assert_eq!(pool.shutdown_now().len(), 1);
+    assert!(within("left", left).await.unwrap_err().is_cancelled());
+    assert_eq!(l.stats().waiting, 0);
+    gate.open();
+    within("running", running).await.unwrap();
+    assert_eq!(l.stats().in_use, 0);
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!((m.completed, m.cancelled, m.unstarted), (1, 2, 1), "{m:?}");
+}
+
+/// `set_permits`: a zero-permit limiter holds its jobs until permits are
+/// given; a decrease takes nothing from running functions and takes effect
+/// as they return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_permits_takes_effect_as_permits_come_back() {
+    let l = Limiter::new(0);
+    let pool = pool(4, 16);
+    let probe = Concurrency::default();
+    let (gate_a, hold_a) = gate();
+    let (gate_b, hold_b) = gate();
+    let (tx, mut started) = signal();
+    let a = limited(&pool, &[&l], "a", &probe, &hold_a, &tx);
+    let b = limited(&pool, &[&l], "b", &probe, &hold_b, &tx);
+    let c = limited(&pool, &[&l], "c", &probe, &hold_b, &tx);
+    within("an unlimited job", pool.offload(|_| ()))
+        .await
+        .unwrap();
+    assert_eq!(probe.now(), 0, "no permit, no start");
+    l.set_permits(2);
+    let mut got = vec![
+        recv("a or b", &mut started).await,
+        recv("a or b", &mut started).await,
+    ];
+    got.sort();
+    assert_eq!(got, ["a", "b"]);
+    l.set_permits(1);
+    let s = l.stats();
+    assert_eq!(
+        (s.permits, s.in_use),
+        (1, 2),
+        "running functions keep theirs"
+    );
+    gate_a.open();
+    within("a", a).await.unwrap();
+    // One permit, still held by b: c waits.
+    within("an unlimited job", pool.offload(|_| ()))
+        .await
+        .unwrap();
+    assert_eq!(c.state(), JobState::Queued);
+    gate_b.open();
+    assert_eq!(recv("c", &mut started).await, "c");
+    within("b", b).await.unwrap();
+    within("c", c).await.unwrap();
+    assert_eq!(probe.max(), 2);
+}
+
+/// A panicking function gives its limiter permit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_gives_the_permit_back() {
+    quiet_deliberate_panics();
+    let l = Limiter::new(1);
+    let pool = pool(2, 16);
+    let e = within(
+        "a panicking job",
+        pool.offload(|_| -> () { panic!("{ON_PURPOSE}") })
+            .limiter(&l),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.is_panic(), "{e}");
+    assert_eq!(l.stats().in_use, 0);
+    within("the next job", pool.offload(|_| 5).limiter(&l))
+        .await
+        .unwrap();
+}

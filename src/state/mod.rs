@@ -12,8 +12,8 @@
 //! # Invariants
 //!
 //! S1–S5 are how this module keeps invariants 1, 3, 4, 9 and 10 of
-//! `docs/ARCHITECTURE.md`; L1–L3 are how keyed lanes (lanes.rs) keep
-//! invariant 1 for a key's limit and serve keys in turn.
+//! `docs/ARCHITECTURE.md`; L1–L4 are how lanes (lanes.rs) keep invariant 1
+//! for a key's limit and a limiter's permits, and serve lanes in turn.
 //!
 //! - **S1 (permits).** A job moves `Queued → Running` only in
 //!   [`State::start`], which links it into `running`; it leaves `running`
@@ -43,6 +43,16 @@
 //!   job, each is served once per round, and a lane's jobs start in
 //!   submission order. With only the default lane (no keys), that is the
 //!   pool's FIFO order.
+//! - **L4 (limiters block lanes, not the queue).** A lane whose front job
+//!   cannot have a permit of one of its limiters (limiter.rs) is out of the
+//!   ring and in exactly one list: `limited[id].lanes`, the lanes blocked on
+//!   that limiter, in the order they blocked (`blocked_on` names it). A
+//!   permit given back readies the first of them (`woken_by` names the
+//!   limiter); a readied lane that does not use that permit — its front job
+//!   was cancelled, needs another full limiter, or needs none — readies the
+//!   next. A cancel in a blocked lane readies it too (its front changed).
+//!   So a lane waits only while its front job's limiter has no permit that
+//!   another of this pool's lanes was readied for.
 //! - **L3 (lanes follow use).** A keyed lane exists while it holds a queued
 //!   job, a tombstone or a running job; `lane_update` drops it once it holds
 //!   none. The default lane always exists.

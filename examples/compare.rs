@@ -51,6 +51,10 @@
 //!   keyed round-robin over 16 keys (`Offload::key`, no per-key limit), so
 //!   that each job pays for its lane; target: a keyed job costs at most
 //!   1.5 × a plain one (`keyed_cost_vs_plain`).
+//! - `throughput_l2_limited` (offloader only): the same batch with every job
+//!   needing one shared `Limiter` of more permits than the pool has (so it
+//!   never holds a job back): the cost of taking and giving back its
+//!   permit; target `limited_cost_vs_plain` ≤ 1.5.
 //! - `efficiency_l2`: 10 000 jobs of ~50 µs of CPU work (a calibrated loop),
 //!   limit 2: ideal time (jobs × one job's cost / 2 cores) over measured
 //!   time. The job's cost is the best of 50 short single-thread runs (10
@@ -596,6 +600,9 @@ struct Round {
     /// The offloader's limit-2 throughput with its jobs keyed over
     /// [`KEYS`] keys (0 for the other systems).
     throughput_l2_keyed: f64,
+    /// The offloader's limit-2 throughput with each job needing one shared
+    /// `Limiter` (0 for the other systems).
+    throughput_l2_limited: f64,
     throughput_l64: f64,
     efficiency_l2: f64,
     peak_threads_l2: f64,
@@ -846,6 +853,8 @@ fn measure_pass(
     if let Some(k) = SYSTEMS.iter().position(|s| *s == System::Offloader) {
         let r = set.l2[k].ask(&format!("throughput_keyed {} {KEYS}", plan.throughput_jobs));
         results[k].throughput_l2_keyed = jobs / r[0];
+        let r = set.l2[k].ask(&format!("throughput_keyed {} 0", plan.throughput_jobs));
+        results[k].throughput_l2_limited = jobs / r[0];
     }
     for i in 0..n {
         let k = order(i);
@@ -1157,6 +1166,7 @@ fn field(metric: &str) -> Option<Field> {
         "latency_ns" => |r| r.latency_ns,
         "throughput_l2" => |r| r.throughput_l2,
         "throughput_l2_keyed" => |r| r.throughput_l2_keyed,
+        "throughput_l2_limited" => |r| r.throughput_l2_limited,
         "throughput_l64" => |r| r.throughput_l64,
         "efficiency_l2" => |r| r.efficiency_l2,
         "peak_threads_l2" => |r| r.peak_threads_l2,
@@ -1362,6 +1372,16 @@ impl Report {
             value: median(plain.clone()) / median(keyed.clone()),
             need: Need::AtMost(1.5),
             per_round: plain.iter().zip(&keyed).map(|(p, k)| p / k).collect(),
+            round_need: Need::AtMost(1.5),
+            note: "cost = 1 / throughput_l2".into(),
+        });
+        let limited = self.series(c, off, |r| r.throughput_l2_limited);
+        t.push(Target {
+            key: "limited_cost_vs_plain".into(),
+            what: "limited job cost: offloader with a Limiter / plain".into(),
+            value: median(plain.clone()) / median(limited.clone()),
+            need: Need::AtMost(1.5),
+            per_round: plain.iter().zip(&limited).map(|(p, k)| p / k).collect(),
             round_need: Need::AtMost(1.5),
             note: "cost = 1 / throughput_l2".into(),
         });
@@ -2177,10 +2197,15 @@ fn serve(args: &[String]) {
                 )
             }
             Some("throughput_keyed") => {
+                // Keys > 0: keyed over that many keys; 0: one limiter.
                 let (n, keys) = (num(1) as usize, num(2) as usize);
                 let took = on_runtime(&rt, async move {
                     let t = Instant::now();
-                    let done = peer.batch_keyed(n, keys).await;
+                    let done = if keys > 0 {
+                        peer.batch_keyed(n, keys).await
+                    } else {
+                        peer.batch_limited(n).await
+                    };
                     std::hint::black_box(done.is_some().then(|| t.elapsed()))
                 });
                 format!(

@@ -310,7 +310,7 @@ impl Peer {
         let submitted;
         match self {
             Peer::Offloader(pool) => {
-                (sum, submitted) = offloader_batch(pool, n, iters, None).await;
+                (sum, submitted) = offloader_batch(pool, n, iters, None, None).await;
             }
             Peer::SpawnBlocking => {
                 let jobs: Vec<_> = (0..n)
@@ -357,7 +357,21 @@ impl Peer {
     /// costs.
     pub(crate) async fn batch_keyed(&self, n: usize, keys: usize) -> Option<(u64, Duration)> {
         match self {
-            Peer::Offloader(pool) => Some(offloader_batch(pool, n, 0, Some(keys)).await),
+            Peer::Offloader(pool) => Some(offloader_batch(pool, n, 0, Some(keys), None).await),
+            _ => None,
+        }
+    }
+
+    /// [`batch`](Self::batch) of no-op jobs that each need one shared
+    /// `Limiter` (of more permits than the pool has, so it never holds a
+    /// job back), for the offloader only: what taking and giving back a
+    /// limiter's permit costs.
+    pub(crate) async fn batch_limited(&self, n: usize) -> Option<(u64, Duration)> {
+        match self {
+            Peer::Offloader(pool) => {
+                let limiter = offloader::Limiter::new(1 << 20);
+                Some(offloader_batch(pool, n, 0, None, Some(&limiter)).await)
+            }
             _ => None,
         }
     }
@@ -459,16 +473,23 @@ where
 }
 
 /// The offloader's [`Peer::batch`], its jobs keyed round-robin over `keys`
-/// keys if given.
+/// keys if given, each needing `limiter` if given.
 async fn offloader_batch(
     pool: &Offloader,
     n: usize,
     iters: u64,
     keys: Option<usize>,
+    limiter: Option<&offloader::Limiter>,
 ) -> (u64, Duration) {
-    let keyed = |o: offloader::Offload<_, u64>, i: usize| match keys {
-        Some(k) => o.key(i % k.max(1)),
-        None => o,
+    let keyed = |o: offloader::Offload<_, u64>, i: usize| {
+        let o = match keys {
+            Some(k) => o.key(i % k.max(1)),
+            None => o,
+        };
+        match limiter {
+            Some(l) => o.limiter(l),
+            None => o,
+        }
     };
     let began = Instant::now();
     let mut jobs = Vec::with_capacity(n);

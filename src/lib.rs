@@ -54,6 +54,8 @@ mod map;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
+#[cfg(all(test, loom))]
+mod loom_limiters;
 
 pub use awaited::OffloadFuture;
 pub use batch::{BatchError, InvokeAll};

@@ -30,7 +30,7 @@ use loom::thread;
 
 use crate::{Error, Offloader};
 
-fn pool(max_in_flight: usize) -> Offloader {
+pub(crate) fn pool(max_in_flight: usize) -> Offloader {
     match Offloader::builder().max_in_flight(max_in_flight).build() {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
@@ -257,19 +257,19 @@ fn shutdown_now_vs_start() {
 
 /// Counts, across the iterations of one model, how often each branch was
 /// taken: a model that never reaches a branch does not check it.
-struct Branches<const N: usize>([StdAtomicUsize; N]);
+pub(crate) struct Branches<const N: usize>([StdAtomicUsize; N]);
 
 impl<const N: usize> Branches<N> {
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Branches([const { StdAtomicUsize::new(0) }; N])
     }
 
-    fn hit(&self, i: usize) {
+    pub(crate) fn hit(&self, i: usize) {
         self.0[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     #[track_caller]
-    fn assert_all(&self, names: [&str; N]) {
+    pub(crate) fn assert_all(&self, names: [&str; N]) {
         for (i, name) in names.iter().enumerate() {
             let n = self.0[i].load(std::sync::atomic::Ordering::Relaxed);
             assert!(n > 0, "the model never reached the branch {name:?}");

@@ -1,0 +1,75 @@
+//! Loom models of shared limiters (limiter.rs M1, M2; lanes.rs L4): a
+//! cancel racing a limited job's start leaks no permit, and two pools
+//! taking two limiters in opposite orders neither deadlock nor lose the
+//! wake-up of a permit given back in the other pool.
+
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::loom_tests::{pool, Branches};
+use crate::{Error, Limiter};
+
+#[test]
+fn limited_start_vs_cancel() {
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = pool(1);
+        let limiter = Limiter::new(1);
+        let job = pool
+            .offload(|_stop| 7)
+            .limiter(&limiter)
+            .spawn()
+            .expect("accepted");
+        let job = Arc::new(job);
+        let canceller = {
+            let job = job.clone();
+            thread::spawn(move || job.cancel())
+        };
+        let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
+        let cancelled = canceller.join().unwrap();
+        match outcome {
+            Err(Error::Cancelled { .. }) => {
+                assert!(cancelled);
+                BRANCHES.hit(0);
+            }
+            Ok(7) => {
+                assert!(!cancelled);
+                BRANCHES.hit(1);
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        let s = limiter.stats();
+        assert_eq!((s.in_use, s.waiting), (0, 0), "no permit leaked: {s:?}");
+        assert!(pool.metrics().ledger_balances());
+    });
+    BRANCHES.assert_all(["cancelled", "ran"]);
+}
+
+#[test]
+fn two_pools_two_limiters_opposite_orders() {
+    loom::model(|| {
+        let (p, q) = (pool(1), pool(1));
+        let (a, b) = (Limiter::new(1), Limiter::new(1));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (r1, r2) = (ran.clone(), ran.clone());
+        let x = p
+            .offload(move |_stop| r1.fetch_add(1, Ordering::SeqCst))
+            .limiter(&a)
+            .limiter(&b)
+            .spawn()
+            .expect("accepted");
+        let y = q
+            .offload(move |_stop| r2.fetch_add(1, Ordering::SeqCst))
+            .limiter(&b)
+            .limiter(&a)
+            .spawn()
+            .expect("accepted");
+        let other = thread::spawn(move || y.blocking_wait().is_ok());
+        assert!(x.blocking_wait().is_ok());
+        assert!(other.join().unwrap());
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+        let (sa, sb) = (a.stats(), b.stats());
+        assert_eq!((sa.in_use, sb.in_use, sa.high_water, sb.high_water), (0, 0, 1, 1));
+    });
+}

@@ -53,9 +53,9 @@ mod interop;
 mod map;
 
 #[cfg(all(test, loom))]
-mod loom_tests;
-#[cfg(all(test, loom))]
 mod loom_limiters;
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 pub use awaited::OffloadFuture;
 pub use batch::{BatchError, InvokeAll};

@@ -70,6 +70,9 @@ fn two_pools_two_limiters_opposite_orders() {
         assert!(other.join().unwrap());
         assert_eq!(ran.load(Ordering::SeqCst), 2);
         let (sa, sb) = (a.stats(), b.stats());
-        assert_eq!((sa.in_use, sb.in_use, sa.high_water, sb.high_water), (0, 0, 1, 1));
+        assert_eq!(
+            (sa.in_use, sb.in_use, sa.high_water, sb.high_water),
+            (0, 0, 1, 1)
+        );
     });
 }

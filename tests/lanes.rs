@@ -289,3 +289,23 @@ async fn lanes_of_finished_keys_are_dropped() {
     assert!(pool.key_stats(1).is_empty());
     assert_eq!(pool.metrics().completed, 100_000);
 }
+
+/// A cancelled job behind a lane's last queued job leaves nothing behind:
+/// once the jobs before it have run, the lane is dropped (found by the
+/// lanes model test: the tombstone kept the lane alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_behind_the_last_job_does_not_keep_its_lane() {
+    let pool = pool(1, 16);
+    let occupied = occupy(&pool, 1).await;
+    let first = pool.offload(|_| ()).key("k").spawn().unwrap();
+    let second = pool.offload(|_| ()).key("k").spawn().unwrap();
+    assert!(second.cancel());
+    occupied.release().await;
+    within("the first job", first).await.unwrap();
+    assert!(within("the cancelled job", second)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+    drain_single(&pool).await;
+    assert!(pool.key_stats(5).is_empty(), "{:?}", pool.key_stats(5));
+}

@@ -292,7 +292,6 @@ impl State {
         };
         l.queued -= 1;
         l.tombstones += 1;
-        let crowded = l.tombstones > l.queued;
         // The lane's front job may have changed: a blocked lane tries again,
         // which needs a worker to look.
         if let Some(id) = l.blocked_on.take() {
@@ -300,9 +299,6 @@ impl State {
                 self.lanes.unlink(&mut b.lanes, lane);
             }
             after.find_worker = true;
-        }
-        if crowded {
-            self.unlink_tombstones(lane, after);
         }
         self.lane_update(lane, after);
     }
@@ -319,6 +315,14 @@ impl State {
     /// without queued jobs out of its blocked list (passing on a wake-up it
     /// had: L4), and drops a keyed lane that holds no job (L3).
     pub(super) fn lane_update(&mut self, lane_key: Key, after: &mut After) {
+        let Some(lane) = self.lanes.get_mut(lane_key) else {
+            return;
+        };
+        // S2: tombstones never outnumber the lane's queued jobs for long
+        // (a start may leave them behind its job; a cancel adds one).
+        if lane.tombstones > lane.queued {
+            self.unlink_tombstones(lane_key, after);
+        }
         let Some(lane) = self.lanes.get_mut(lane_key) else {
             return;
         };

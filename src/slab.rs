@@ -123,6 +123,11 @@ impl<T> Slab<T> {
         self.len == 0
     }
 
+    /// How many entries are occupied.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Every occupied value, in key order (O(entries): for small slabs).
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> + '_ {
         self.entries.iter().filter_map(|e| e.value.as_ref())

@@ -309,3 +309,47 @@ async fn a_tombstone_behind_the_last_job_does_not_keep_its_lane() {
     drain_single(&pool).await;
     assert!(pool.key_stats(5).is_empty(), "{:?}", pool.key_stats(5));
 }
+
+/// A key held back by its limit fills the queue bound with its own jobs
+/// only: its waiting jobs count as waiting (none of them can start), and a
+/// job of another key or none, which a free permit starts at once, is
+/// still accepted (found by a hostile review: the other keys were refused
+/// with three of four permits idle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_at_its_limit_fills_the_bound_with_its_own_jobs_only() {
+    use offloader::Rejected;
+    let pool = builder(4, 2).max_per_key(1).build().unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut handles = vec![job(&pool, Some("a"), "a0".into(), &hold, &tx)];
+    recv("a0", &mut started).await;
+    handles.push(job(&pool, Some("a"), "a1".into(), &hold, &tx));
+    handles.push(job(&pool, Some("a"), "a2".into(), &hold, &tx));
+    let refused = pool.offload(|_| ()).key("a").spawn().unwrap_err();
+    assert!(
+        matches!(refused.reason(), Rejected::Full { capacity: 2 }),
+        "{refused}"
+    );
+    // Three permits are free: other keys' jobs start at once.
+    handles.push(job(&pool, Some("b"), "b0".into(), &hold, &tx));
+    handles.push(job(&pool, None, "x0".into(), &hold, &tx));
+    handles.push(job(&pool, Some("c"), "c0".into(), &hold, &tx));
+    let mut got = vec![
+        recv("b0, x0, c0", &mut started).await,
+        recv("b0, x0, c0", &mut started).await,
+        recv("b0, x0, c0", &mut started).await,
+    ];
+    got.sort();
+    assert_eq!(got, ["b0", "c0", "x0"]);
+    // Every permit is taken now: the bound holds for everyone.
+    let refused = pool.offload(|_| ()).key("d").spawn().unwrap_err();
+    assert!(
+        matches!(refused.reason(), Rejected::Full { .. }),
+        "{refused}"
+    );
+    assert_ledger(&pool.metrics());
+    gate.open();
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+}

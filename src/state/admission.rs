@@ -24,7 +24,9 @@ impl State {
             return Err(Rejected::ShuttingDown);
         }
         self.group_admits(core)?;
-        if self.waiting_for_permit() >= self.queue_capacity {
+        if self.waiting_for_permit() >= self.queue_capacity
+            && !self.would_start_at_once(core, self.free_permits())
+        {
             return Err(Rejected::Full {
                 capacity: self.queue_capacity,
             });
@@ -45,16 +47,21 @@ impl State {
         (behind && !full).then(|| self.events.lag())
     }
 
-    /// Queued jobs beyond the permits that are free now and have a worker
-    /// to run them: while the OS refuses new threads, only the workers that
-    /// exist count.
-    fn waiting_for_permit(&self) -> usize {
-        let startable = if self.spawn_blocked {
+    /// Permits free now that have a worker to run them: while the OS
+    /// refuses new threads, only the workers that exist count.
+    fn free_permits(&self) -> usize {
+        if self.spawn_blocked {
             self.workers.saturating_sub(self.running.len())
         } else {
             self.max_in_flight.saturating_sub(self.running.len())
-        };
-        self.queued.saturating_sub(startable)
+        }
+    }
+
+    /// Queued jobs that a free permit would not start now: beyond the free
+    /// permits, or held back by their lane's limit or a limiter (L5).
+    fn waiting_for_permit(&self) -> usize {
+        self.queued
+            .saturating_sub(self.free_permits().min(self.startable_queued))
     }
 
     /// Transition *accept*: appends `task` to the queue and counts it.

@@ -53,6 +53,9 @@ pub(super) struct Lane {
     /// A freed permit of this limiter readied the lane: if the lane does
     /// not use it, the wake-up passes on (L4).
     woken_by: Option<u64>,
+    /// Its share of `State::startable_queued`: the jobs a free permit
+    /// would start now (L5).
+    contrib: usize,
 }
 
 /// A limiter this pool's lanes wait for, and the lanes blocked on it.
@@ -73,6 +76,7 @@ impl Lane {
             in_ring: false,
             blocked_on: None,
             woken_by: None,
+            contrib: 0,
         }
     }
 
@@ -164,6 +168,22 @@ impl State {
         }
     }
 
+    /// Whether a new job of `core` would start as soon as it is queued: it
+    /// needs no limiter, its lane (if it has one yet) has room and is not
+    /// blocked, and more permits are free than the queued jobs that a free
+    /// permit would start first (L5). Such a job is not *waiting* for a
+    /// permit (invariant 8): a full queue does not refuse it.
+    pub(super) fn would_start_at_once(&self, core: &JobCore, free: usize) -> bool {
+        if !core.limiters().is_empty() || free <= self.startable_queued {
+            return false;
+        }
+        let lane = match core.lane() {
+            None => self.lanes.get(DEFAULT_LANE),
+            Some(l) => self.lane_index.get(&l.id).and_then(|&k| self.lanes.get(k)),
+        };
+        lane.is_none_or(|l| l.blocked_on.is_none() && l.running.saturating_add(l.queued) < l.limit)
+    }
+
     /// Takes the next job to start: the front job of the lane whose turn it
     /// is, which then goes to the back of the ring if it still has a
     /// startable job (L2). Tombstones met on the way are unlinked. A front
@@ -223,6 +243,7 @@ impl State {
         };
         let in_ring = std::mem::take(&mut lane.in_ring);
         lane.blocked_on = Some(id);
+        self.startable_queued -= std::mem::take(&mut lane.contrib);
         let woken = lane.woken_by.take().filter(|&w| w != id);
         if in_ring {
             self.lanes.unlink(&mut self.ring, lane_key);
@@ -338,6 +359,14 @@ impl State {
         };
         let startable = lane.startable() && !self.draining;
         let unused = lane.is_unused();
+        // L5: the jobs of this lane a free permit would start now.
+        let contrib = if startable {
+            lane.queued.min(lane.limit - lane.running)
+        } else {
+            0
+        };
+        self.startable_queued = self.startable_queued - lane.contrib + contrib;
+        lane.contrib = contrib;
         let passed = if lane.queued == 0 {
             lane.woken_by.take()
         } else {
@@ -357,9 +386,34 @@ impl State {
                     self.lane_index.remove(&id);
                 }
             }
+            if self.lanes.len() == 1 {
+                self.compact_lanes();
+            }
         }
         if let Some(id) = passed {
             self.pass_wake(id, after);
+        }
+    }
+
+    /// L3: once only the default lane is left, gives back the memory the
+    /// keyed lanes took at their peak (the slab frees its entries when it
+    /// empties: the default lane leaves it for a moment and comes back as
+    /// key 0). Amortised O(1): paid for by the lanes that grew it.
+    fn compact_lanes(&mut self) {
+        let in_ring = self.lanes.get(DEFAULT_LANE).is_some_and(|l| l.in_ring);
+        if in_ring {
+            self.lanes.unlink(&mut self.ring, DEFAULT_LANE);
+        }
+        let Some(default) = self.lanes.remove(DEFAULT_LANE) else {
+            return;
+        };
+        let key = self.lanes.insert(default);
+        debug_assert_eq!(key, DEFAULT_LANE, "an empty slab hands out key 0");
+        if in_ring {
+            self.lanes.push_back(&mut self.ring, DEFAULT_LANE);
+        }
+        if self.lane_index.capacity() > 64 {
+            self.lane_index = HashMap::new();
         }
     }
 

@@ -53,6 +53,13 @@
 //!   next. A cancel in a blocked lane readies it too (its front changed).
 //!   So a lane waits only while its front job's limiter has no permit that
 //!   another of this pool's lanes was readied for.
+//! - **L5 (waiting counts lanes).** `startable_queued` is the sum, over
+//!   the lanes in the ring, of `min(queued, limit - running)`: the queued
+//!   jobs a free permit would start now; `lane_update` keeps each lane's
+//!   share (`contrib`) and a blocked lane's is zero. Admission counts as
+//!   waiting every queued job beyond `min(free permits, startable_queued)`
+//!   (so a key's jobs held back by its limit fill the queue bound), and
+//!   admits beyond the bound a job that would start at once (invariant 8).
 //! - **L3 (lanes follow use).** A keyed lane exists while it holds a queued
 //!   job, a tombstone or a running job; `lane_update` drops it once it holds
 //!   none. The default lane always exists.
@@ -212,6 +219,9 @@ pub(crate) struct State {
     drain_lanes: Vec<crate::slab::Key>,
     /// The `Queued` jobs, in every lane (S2).
     queued: usize,
+    /// The queued jobs a free permit would start now: the sum of the
+    /// startable lanes' shares (L5).
+    startable_queued: usize,
     /// The cancelled jobs still linked in a lane (S2).
     tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
@@ -283,6 +293,7 @@ impl State {
             key_limits,
             drain_lanes: Vec::new(),
             queued: 0,
+            startable_queued: 0,
             tombstones: 0,
             running: List::default(),
             parked: Slab::default(),

@@ -336,8 +336,8 @@ impl Harness {
                 "metrics {m:?}; model queued {queued}, running {running}"
             ));
         }
-        for l in 0..2 {
-            let s = self.limiters[l].stats();
+        for (l, limiter) in self.limiters.iter().enumerate() {
+            let s = limiter.stats();
             let waiting = self
                 .jobs
                 .iter()

@@ -73,16 +73,18 @@ mod support;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
+use std::future::{poll_fn, Future, IntoFuture};
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use futures_core::Stream;
 use offloader::{
-    AbandonPolicy, Error, EventKind, Fate, JobEvent, JobGroup, JobHandle, JobId, JobState, Metrics,
-    Observer, OffloadFuture, Offloader, Rejected, StopToken, SubmitError, WeakOffloader,
+    AbandonPolicy, BatchError, Error, EventKind, Fate, JobEvent, JobGroup, JobHandle, JobId,
+    JobState, Metrics, Observer, OffloadFuture, Offloader, Rejected, StopToken, SubmitError,
+    WeakOffloader,
 };
 use proptest::prelude::*;
 // Not a glob: this file's SHORT (1 ms) is its own.
@@ -213,6 +215,51 @@ impl Mix {
     }
 }
 
+/// What a job of an `invoke_any` or a `map` gives: its function returns
+/// `Ok`, returns `Err` (both complete, for the pool), or panics.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Answer {
+    Ok,
+    Err,
+    Panics,
+}
+
+impl Answer {
+    /// `invoke_any`: often none of a few jobs succeeds.
+    const ANY: [Answer; 4] = [Answer::Ok, Answer::Err, Answer::Err, Answer::Panics];
+    /// `map`: mostly successes, so that a `stop_on_error` map gets going.
+    const MAP: [Answer; 6] = [
+        Answer::Ok,
+        Answer::Ok,
+        Answer::Ok,
+        Answer::Ok,
+        Answer::Err,
+        Answer::Panics,
+    ];
+
+    /// Job `i`'s answer, by a hash of the seed and the index.
+    fn of(table: &[Answer], seed: u8, i: usize) -> Answer {
+        let x = (u64::from(seed) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        table[((x >> 32) % table.len() as u64) as usize]
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            Answer::Ok | Answer::Err => Kind::Returns,
+            Answer::Panics => Kind::Panics,
+        }
+    }
+}
+
+/// How a `map` is set up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct MapHow {
+    limit: usize,
+    ordered: bool,
+    stop_on_error: bool,
+}
+
 /// Who waits for a batch's jobs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Callers {
@@ -299,6 +346,28 @@ enum Op {
     /// on a gate (nothing queued, a permit free) or is refused outright.
     InvokeAll {
         n: u8,
+        group: Option<u8>,
+    },
+    /// `invoke_any` of `n` jobs that return `Ok`, return `Err` or panic (by
+    /// `seed`: [`Answer::of`]), through the pool or group `g % 2`, awaited
+    /// to the end; offered like `InvokeAll`, and only when none of its jobs
+    /// can find the queue full (so they are accepted in input order).
+    InvokeAny {
+        n: u8,
+        seed: u8,
+        group: Option<u8>,
+    },
+    /// `map` over `n` items (each returns `Ok`, returns `Err` or panics, by
+    /// `seed`) through the pool or group `g % 2`, `.limit(limit)`,
+    /// `.unordered()` unless `ordered`, `.stop_on_error()` if
+    /// `stop_on_error`, collected to its end; offered like `InvokeAny`
+    /// (with `min(n, limit)` jobs at once).
+    Map {
+        n: u8,
+        limit: u8,
+        ordered: bool,
+        stop_on_error: bool,
+        seed: u8,
         group: Option<u8>,
     },
 }
@@ -388,6 +457,30 @@ impl fmt::Debug for Op {
                 Some(g) => write!(f, "group{}.invoke_all({n})", g % 2),
                 None => write!(f, "invoke_all({n})"),
             },
+            Op::InvokeAny { n, seed, group } => {
+                if let Some(g) = group {
+                    write!(f, "group{}.", g % 2)?;
+                }
+                write!(f, "invoke_any({n}, seed {seed})")
+            }
+            Op::Map {
+                n,
+                limit,
+                ordered,
+                stop_on_error,
+                seed,
+                group,
+            } => {
+                if let Some(g) = group {
+                    write!(f, "group{}.", g % 2)?;
+                }
+                write!(
+                    f,
+                    "map({n}, seed {seed}, limit {limit}{}{})",
+                    if ordered { "" } else { ", unordered" },
+                    if stop_on_error { ", stop_on_error" } else { "" }
+                )
+            }
         }
     }
 }
@@ -507,7 +600,33 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..2).prop_map(Op::StopGroup),
         1 => (1u8..6, proptest::option::of(0u8..2))
             .prop_map(|(n, group)| Op::InvokeAll { n, group }),
+        1 => invoke_any_op(6),
+        1 => map_op(8, 4),
     ]
+}
+
+fn invoke_any_op(max_n: u8) -> impl Strategy<Value = Op> {
+    (1..=max_n, any::<u8>(), proptest::option::of(0u8..2))
+        .prop_map(|(n, seed, group)| Op::InvokeAny { n, seed, group })
+}
+
+fn map_op(max_n: u8, max_limit: u8) -> impl Strategy<Value = Op> {
+    (
+        1..=max_n,
+        1..=max_limit,
+        any::<bool>(),
+        any::<bool>(),
+        any::<u8>(),
+        proptest::option::of(0u8..2),
+    )
+        .prop_map(|(n, limit, ordered, stop_on_error, seed, group)| Op::Map {
+            n,
+            limit,
+            ordered,
+            stop_on_error,
+            seed,
+            group,
+        })
 }
 
 fn direct() -> impl Strategy<Value = Op> {
@@ -564,6 +683,8 @@ fn long_op() -> impl Strategy<Value = Op> {
         2 => direct(),
         14 => aimed_op(),
         1 => Just(Op::ReleaseAll),
+        1 => invoke_any_op(80),
+        1 => map_op(120, 8),
     ]
 }
 
@@ -982,6 +1103,17 @@ impl Model {
         self.c.cancelled += 1;
         self.advance();
         true
+    }
+
+    /// Cancels the queued jobs `tags` in one step (a group stop), before
+    /// any of them could start.
+    fn cancel_unstarted(&mut self, tags: std::ops::Range<usize>) {
+        for j in tags {
+            assert_eq!(self.jobs[j].st, St::Queued, "job {j} is not queued");
+            self.queue.retain(|&q| q != j);
+            self.jobs[j].st = St::Cancelled;
+            self.c.cancelled += 1;
+        }
     }
 
     /// `JobHandle::cancel`.
@@ -1409,6 +1541,28 @@ struct Settled {
     counts: Counts,
     terminal: u64,
     states: Vec<JobState>,
+}
+
+/// What a batch that stopped early tells of its jobs: how many at least
+/// ran (those whose outcomes it returned and those before them), how many
+/// at most were accepted (those it took), and how many outcomes it
+/// returned (their jobs had finished before the stop).
+struct StoppedBatch {
+    ran_at_least: usize,
+    accepted_at_most: usize,
+    finished: usize,
+}
+
+/// The tag of the job a batch outcome comes from: its value, its error
+/// value or its panic message says it.
+fn answer_tag(got: &Result<Val, BatchError<Val>>) -> Option<usize> {
+    match got {
+        Ok(v) | Err(BatchError::Failed(v)) => Some(v.tag),
+        Err(BatchError::Job(Error::Panicked { message, .. })) => {
+            message.strip_prefix(PANIC_MARK)?.trim_start().parse().ok()
+        }
+        _ => None,
+    }
 }
 
 struct Harness {
@@ -2107,6 +2261,8 @@ impl Harness {
                 | Op::Idle
                 | Op::StopGroup(_)
                 | Op::InvokeAll { .. }
+                | Op::InvokeAny { .. }
+                | Op::Map { .. }
         );
         if needs_pool && self.no_pool() {
             self.settle().await;
@@ -2269,6 +2425,26 @@ impl Harness {
             Op::Close => self.close().await,
             Op::InvokeAll { n, group } => {
                 self.invoke_all(usize::from(n), group.map(|g| usize::from(g % 2)))
+                    .await;
+            }
+            Op::InvokeAny { n, seed, group } => {
+                self.invoke_any(usize::from(n), seed, group.map(|g| usize::from(g % 2)))
+                    .await;
+            }
+            Op::Map {
+                n,
+                limit,
+                ordered,
+                stop_on_error,
+                seed,
+                group,
+            } => {
+                let how = MapHow {
+                    limit: usize::from(limit),
+                    ordered,
+                    stop_on_error,
+                };
+                self.map(usize::from(n), how, seed, group.map(|g| usize::from(g % 2)))
                     .await;
             }
             Op::StopGroup(g) => {
@@ -2634,6 +2810,426 @@ impl Harness {
             self.check_outcome("invoke_all", first + i, false, o);
         }
         self.note(format!(" -> jobs {first}..{}", first + n));
+    }
+
+    /// Why a batch through the pool or `group` is refused outright, if it
+    /// is: after a shutdown, or once the group is stopped.
+    fn batch_refusal(&self, group: Option<usize>) -> Option<Rejected> {
+        if self.model.shutdown {
+            Some(Rejected::ShuttingDown)
+        } else if group.is_some_and(|g| self.model.group_stopped[g]) {
+            Some(Rejected::GroupStopped)
+        } else {
+            None
+        }
+    }
+
+    /// Whether `at_once` jobs of a batch, submitted back to back, can
+    /// neither wait on a gate (nothing queued, a permit free) nor find the
+    /// queue full, however far the pool got with the earlier ones (a
+    /// permit is released before the outcome is published): then each is
+    /// accepted at its first try, so in input order, and they start in
+    /// that order.
+    fn batch_has_room(&self, at_once: usize) -> bool {
+        let free = self.model.max.saturating_sub(self.model.running.len());
+        self.model.queue.is_empty() && free > 0 && at_once <= free + self.model.cap
+    }
+
+    /// Counts `count` refusals `r` (from [`Harness::batch_refusal`]) of a
+    /// batch through the pool or `group`: a group's count in the group and
+    /// its ancestors (a batch's own group is a child of it).
+    fn count_batch_refusals(&mut self, r: &Rejected, group: Option<usize>, count: usize) {
+        match r {
+            Rejected::ShuttingDown => self.model.c.rejected_shutdown += count as u64,
+            _ => {
+                let g = group.expect("a group refusal");
+                for c in &mut self.model.group_rejected[..=g] {
+                    *c += count as u64;
+                }
+            }
+        }
+        self.note(format!(" -> {count} refused ({r:?})"));
+    }
+
+    fn check_refused(&self, what: &str, r: &Rejected, got: &BatchError<Val>) {
+        let refused = matches!(got, BatchError::Job(Error::Rejected(e))
+            if std::mem::discriminant(e) == std::mem::discriminant(r));
+        ensure!(
+            self,
+            refused,
+            "{what}: expected {r:?} refusals, got {got:?}"
+        );
+    }
+
+    /// The model accepts the jobs of a batch, `first..`, through `group`
+    /// (their own group is a child of it), in input order.
+    fn accept_batch(&mut self, first: usize, answers: &[Answer], group: Option<usize>) {
+        for (i, a) in answers.iter().enumerate() {
+            let tag = self.model.accept(a.kind(), None, false);
+            self.model.jobs[tag].group = group;
+            ensure!(self, tag == first + i, "tags out of step");
+        }
+    }
+
+    /// Checks the outcome of job `tag` of an `invoke_any` or a `map`: the
+    /// kind its answer gives, and the value, error value or panic the
+    /// model's final state says.
+    fn check_answer(
+        &self,
+        what: &str,
+        tag: usize,
+        answer: Answer,
+        got: Result<Val, BatchError<Val>>,
+    ) {
+        let got = match (answer, got) {
+            (Answer::Ok, Ok(v)) | (Answer::Err, Err(BatchError::Failed(v))) => Ok(v),
+            (Answer::Panics, Err(BatchError::Job(e))) => Err(e),
+            (answer, got) => self.fail(format!(
+                "{what}: job {tag} answers {answer:?}, its outcome is {got:?}"
+            )),
+        };
+        self.check_outcome(what, tag, false, &got);
+    }
+
+    /// After a batch stopped early (an `invoke_any` won, a `map` stopped on
+    /// an error): the stop of its group cancelled its queued jobs and asked
+    /// its running ones to stop, and the jobs it had not submitted yet
+    /// never were. How many ran, and how many were accepted, is the pool's
+    /// timing: waits (bounded) until none of them is queued or running,
+    /// then learns both, within the bounds the contract sets:
+    ///
+    /// - the functions that ran (their own records) are the batch's first
+    ///   `ran` jobs (accepted at the first try, in input order, and started
+    ///   in FIFO order), at least `ran_at_least` of them;
+    /// - `accepted` (the metrics) is between `ran` and `accepted_at_most`,
+    ///   and the jobs accepted that did not run were cancelled;
+    /// - stop requests went only to jobs still running at the stop (not
+    ///   the `finished` ones whose outcomes the batch returned); a dropped
+    ///   caller was counted only with its job still running; no caller
+    ///   timed out.
+    ///
+    /// The model then accepts `accepted` jobs, cancels those that did not
+    /// run and runs the others. Returns `(accepted, ran)`.
+    async fn learn_stopped_batch(
+        &mut self,
+        what: &str,
+        first: usize,
+        answers: &[Answer],
+        group: Option<usize>,
+        bounds: StoppedBatch,
+    ) -> (usize, usize) {
+        let n = answers.len();
+        let pool = self.pool().clone();
+        let running = self.model.running.len() as u64;
+        let deadline = Instant::now() + HANG;
+        let mut round = 0u32;
+        let m = loop {
+            let m = pool.metrics();
+            if m.queued == 0 && m.running == running {
+                break m;
+            }
+            ensure!(
+                self,
+                Instant::now() < deadline,
+                "{what}: jobs of the batch still queued or running {HANG:?} after it returned: {m:?}"
+            );
+            // A bounded wait for a condition, not an ordering: poll again.
+            round += 1;
+            if round < 200 {
+                std::thread::yield_now();
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let c = &self.model.c;
+        let delta = |got: u64, had: u64| got.wrapping_sub(had) as usize;
+        let accepted = delta(m.accepted, c.accepted);
+        let cancelled = delta(m.cancelled, c.cancelled);
+        let stops = delta(m.stop_requests, c.stop_requests);
+        let dropped = delta(m.callers_dropped, c.callers_dropped);
+        let left_running = delta(m.running_after_caller_left, c.running_after_caller_left);
+        let timed_out = delta(m.callers_timed_out, c.callers_timed_out);
+        let mut ran: Vec<usize> = lock(&self.probe.ran)
+            .iter()
+            .copied()
+            .filter(|t| (first..first + n).contains(t))
+            .collect();
+        ran.sort_unstable();
+        let k = ran.len();
+        ensure!(
+            self,
+            ran.iter().copied().eq(first..first + k),
+            "{what}: the functions that ran, {ran:?}, are not the batch's first ones (jobs {first}..{})",
+            first + n
+        );
+        ensure!(
+            self,
+            bounds.ran_at_least <= k && k <= accepted && accepted <= bounds.accepted_at_most.min(n),
+            "{what}: {k} of the batch's functions ran (at least {} must have), {accepted} jobs accepted (at most {} could be)",
+            bounds.ran_at_least,
+            bounds.accepted_at_most.min(n)
+        );
+        ensure!(
+            self,
+            cancelled == accepted - k,
+            "{what}: {cancelled} jobs cancelled, but {accepted} accepted and {k} ran"
+        );
+        ensure!(
+            self,
+            stops <= k.saturating_sub(bounds.finished)
+                && dropped == left_running
+                && dropped <= stops
+                && timed_out == 0,
+            "{what}: {stops} stop requests, {dropped} callers dropped ({left_running} with the job running), {timed_out} timed out; {k} ran, {} of them gave the batch's outcomes",
+            bounds.finished
+        );
+        self.accept_batch(first, &answers[..accepted], group);
+        self.model.cancel_unstarted(first + k..first + accepted);
+        let c = &mut self.model.c;
+        c.stop_requests += stops as u64;
+        c.callers_dropped += dropped as u64;
+        c.running_after_caller_left += left_running as u64;
+        self.model.advance();
+        (accepted, k)
+    }
+
+    /// `invoke_any` of `n` jobs (their answers by `seed`) through the pool
+    /// or a group: refused outright after a shutdown or a group stop, else
+    /// run only when its jobs can neither wait on a gate nor for room.
+    /// A winner must be a job answering `Ok`, with its value; with none,
+    /// every error, in input order.
+    async fn invoke_any(&mut self, n: usize, seed: u8, group: Option<usize>) {
+        let refusal = self.batch_refusal(group);
+        if refusal.is_none() && !self.batch_has_room(n) {
+            self.note(" -> skipped (its jobs could wait on a gate or for room)".to_owned());
+            return;
+        }
+        let first = self.model.jobs.len();
+        let answers: Vec<Answer> = (0..n).map(|i| Answer::of(&Answer::ANY, seed, i)).collect();
+        let fs: Vec<_> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let func = self.make(a.kind(), first + i).0;
+                move |stop: &StopToken| -> Result<Val, Val> {
+                    let v = func(stop);
+                    if a == Answer::Err {
+                        Err(v)
+                    } else {
+                        Ok(v)
+                    }
+                }
+            })
+            .collect();
+        let target = group.and_then(|g| Some(self.groups.as_ref()?[g].clone()));
+        let pool = self.pool().clone();
+        let race = async move {
+            match target {
+                Some(g) => g.invoke_any(fs).await,
+                None => pool.invoke_any(fs).await,
+            }
+        };
+        let out = self.within("invoke_any", race).await;
+        if let Some(r) = refusal {
+            let errors = match out {
+                Err(errors) => errors,
+                Ok(won) => self.fail(format!("invoke_any: expected {r:?} refusals, got {won:?}")),
+            };
+            ensure!(
+                self,
+                errors.len() == n,
+                "invoke_any gave {} errors for {n} refused jobs",
+                errors.len()
+            );
+            for e in &errors {
+                self.check_refused("invoke_any", &r, e);
+            }
+            self.count_batch_refusals(&r, group, n);
+            return;
+        }
+        match out {
+            Ok((w, v)) => {
+                ensure!(
+                    self,
+                    answers.get(w) == Some(&Answer::Ok),
+                    "invoke_any: job {w} of {n} won, its answer is {:?} ({answers:?})",
+                    answers.get(w)
+                );
+                let bounds = StoppedBatch {
+                    ran_at_least: w + 1,
+                    accepted_at_most: n,
+                    finished: 1,
+                };
+                let (accepted, ran) = self
+                    .learn_stopped_batch("invoke_any", first, &answers, group, bounds)
+                    .await;
+                // Jobs go unsubmitted only after a winner that returned
+                // before its first poll looked (the jobs before it were
+                // all submitted, so all ran).
+                ensure!(
+                    self,
+                    accepted == n || (accepted == w + 1 && ran == accepted),
+                    "invoke_any: job {w} won, {accepted} of {n} jobs accepted, {ran} ran"
+                );
+                self.check_answer("invoke_any", first + w, Answer::Ok, Ok(v));
+                self.note(format!(
+                    " -> job {} won ({answers:?}); jobs {first}..{} accepted, {ran} ran",
+                    first + w,
+                    first + accepted
+                ));
+            }
+            Err(errors) => {
+                ensure!(
+                    self,
+                    !answers.contains(&Answer::Ok) && errors.len() == n,
+                    "invoke_any failed with {} errors, the answers are {answers:?}: {errors:?}",
+                    errors.len()
+                );
+                self.accept_batch(first, &answers, group);
+                self.model.advance();
+                for (i, e) in errors.into_iter().enumerate() {
+                    self.check_answer("invoke_any", first + i, answers[i], Err(e));
+                }
+                self.note(format!(
+                    " -> all failed ({answers:?}): jobs {first}..{}",
+                    first + n
+                ));
+            }
+        }
+    }
+
+    /// `map` over `n` items (their answers by `seed`) through the pool or a
+    /// group, collected to its end: refused outright after a shutdown or a
+    /// group stop (the refusal of each item it took, or just the first
+    /// with `stop_on_error`), else run only when its jobs can neither wait
+    /// on a gate nor for room. One outcome per item (in input order unless
+    /// unordered), or with `stop_on_error` successes then the first error
+    /// to come.
+    async fn map(&mut self, n: usize, how: MapHow, seed: u8, group: Option<usize>) {
+        let refusal = self.batch_refusal(group);
+        if refusal.is_none() && !self.batch_has_room(n.min(how.limit)) {
+            self.note(" -> skipped (its jobs could wait on a gate or for room)".to_owned());
+            return;
+        }
+        let first = self.model.jobs.len();
+        let answers: Vec<Answer> = (0..n).map(|i| Answer::of(&Answer::MAP, seed, i)).collect();
+        let items: Vec<(Func, bool)> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (self.make(a.kind(), first + i).0, a == Answer::Err))
+            .collect();
+        let call = |(func, fails): (Func, bool), stop: &StopToken| -> Result<Val, Val> {
+            let v = func(stop);
+            if fails {
+                Err(v)
+            } else {
+                Ok(v)
+            }
+        };
+        let target = group.and_then(|g| Some(self.groups.as_ref()?[g].clone()));
+        let mut stream = match &target {
+            Some(g) => g.map(items, call),
+            None => self.pool().map(items, call),
+        }
+        .limit(how.limit);
+        if !how.ordered {
+            stream = stream.unordered();
+        }
+        if how.stop_on_error {
+            stream = stream.stop_on_error();
+        }
+        let collect = async move {
+            let mut stream = pin!(stream);
+            let mut out = Vec::new();
+            while let Some(o) = poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+                out.push(o);
+            }
+            out
+        };
+        let out = self.within("map", collect).await;
+        if let Some(r) = refusal {
+            let want = if how.stop_on_error {
+                1
+            } else {
+                n.min(how.limit)
+            };
+            ensure!(
+                self,
+                out.len() == want,
+                "map gave {} outcomes, expected {want} refusals",
+                out.len()
+            );
+            for o in &out {
+                match o {
+                    Err(e) => self.check_refused("map", &r, e),
+                    Ok(v) => self.fail(format!("map: expected {r:?} refusals, got {v:?}")),
+                }
+            }
+            self.count_batch_refusals(&r, group, want);
+            return;
+        }
+        let tags: Vec<Option<usize>> = out.iter().map(answer_tag).collect();
+        let mut sorted = tags.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        ensure!(
+            self,
+            sorted.len() == tags.len()
+                && tags
+                    .iter()
+                    .all(|t| t.is_some_and(|t| (first..first + n).contains(&t))),
+            "map: outcomes of jobs {tags:?}, not one each of jobs {first}..{}: {out:?}",
+            first + n
+        );
+        let rel: Vec<usize> = tags.iter().flatten().map(|t| t - first).collect();
+        let fails = answers.iter().any(|&a| a != Answer::Ok);
+        if !how.stop_on_error || !fails {
+            ensure!(
+                self,
+                out.len() == n && (!how.ordered || rel.iter().copied().eq(0..n)),
+                "map: outcomes of jobs {tags:?} for jobs {first}..{}{}",
+                first + n,
+                if how.ordered { " in input order" } else { "" }
+            );
+            self.accept_batch(first, &answers, group);
+            self.model.advance();
+            self.note(format!(" -> jobs {first}..{}", first + n));
+        } else {
+            // Successes, then the first error to come, then the end.
+            let j = out.len().saturating_sub(1);
+            ensure!(
+                self,
+                !out.is_empty() && out[..j].iter().all(Result::is_ok) && out[j].is_err(),
+                "map with stop_on_error: expected successes then one error, got {out:?}"
+            );
+            // In input order, the successes before the first gap; at most
+            // `limit` items are taken beyond the outcomes yielded.
+            ensure!(
+                self,
+                (!how.ordered || rel[..j].iter().copied().eq(0..j))
+                    && rel.iter().all(|&t| t < j + how.limit),
+                "map with stop_on_error, limit {}: outcomes of jobs {tags:?}{}",
+                how.limit,
+                if how.ordered { " in input order" } else { "" }
+            );
+            let bounds = StoppedBatch {
+                ran_at_least: rel.iter().max().map_or(0, |&t| t + 1),
+                accepted_at_most: j + how.limit,
+                finished: out.len(),
+            };
+            let (accepted, ran) = self
+                .learn_stopped_batch("map", first, &answers, group, bounds)
+                .await;
+            self.note(format!(
+                " -> stopped by job {}: jobs {first}..{} accepted, {ran} ran",
+                first + rel[j],
+                first + accepted
+            ));
+        }
+        for (o, &t) in out.into_iter().zip(&rel) {
+            self.check_answer("map", first + t, answers[t], o);
+        }
     }
 
     fn spawn(&mut self, kind: Kind, named: bool, timeout: bool) {

@@ -71,9 +71,14 @@
 //!   span. Whatever would (waking, unparking, discarding a function,
 //!   delivering an event, dropping the slab's reference to a job) is
 //!   handed out in an [`After`] or a return value.
-//! - **S5 (O(1)).** Every per-job method is O(1) in the number of queued
-//!   jobs, in the number of keys and in `max_in_flight`: jobs, lanes and
-//!   parked workers live in [`Slab`]s, and each knows its own key.
+//! - **S5 (O(1)).** Every per-job method is O(1) *amortised* in the number
+//!   of queued jobs, in the number of keys and in `max_in_flight`: jobs,
+//!   lanes and parked workers live in [`Slab`]s, and each knows its own
+//!   key. The amortised parts are walks paid for in advance: a cancel that
+//!   finds its lane's tombstones outnumbering its queued jobs unlinks them
+//!   all (one cancel in a lane of a million jobs can take tens of
+//!   milliseconds; a million cancels take what a million O(1) steps take),
+//!   and the lane slab's compaction once the last keyed lane is gone.
 
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;

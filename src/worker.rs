@@ -177,7 +177,10 @@ impl Inner {
                 self.after(after);
                 return Some(task);
             }
-            if s.is_shutdown() {
+            // The last worker stays while jobs are queued that a limiter's
+            // permit may yet start (lanes.rs L4): it holds the pool alive
+            // for them, after a shutdown too.
+            if s.is_shutdown() && !s.must_keep_worker() {
                 if searching {
                     s.end_search();
                 }
@@ -200,7 +203,7 @@ impl Inner {
                 // Parked workers are not searching; a claimer re-counts it.
                 s.end_search();
             }
-            let parked_at = Instant::now();
+            let mut parked_at = Instant::now();
             let key = s.park(me, thread::current());
             drop(s);
             self.after(std::mem::take(&mut after));
@@ -212,6 +215,12 @@ impl Inner {
                     searching = true;
                     spun = false;
                     break;
+                }
+                if parked_at.elapsed() >= self.config.keep_alive && s.must_keep_worker() {
+                    // Still parked, for another keep-alive period.
+                    parked_at = Instant::now();
+                    drop(s);
+                    continue;
                 }
                 if parked_at.elapsed() >= self.config.keep_alive {
                     s.unpark_self(key);

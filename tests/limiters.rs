@@ -307,3 +307,69 @@ async fn a_panic_gives_the_permit_back() {
         .await
         .unwrap();
 }
+
+/// A detached job waiting for a limiter held by another pool still runs
+/// after its own pool's last handle is dropped: the graceful shutdown that
+/// drop starts keeps a worker (and so the pool) for it (found by a hostile
+/// review: the job was dropped unrun with the pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_for_a_limiter_outlives_its_dropped_pool() {
+    let l = Limiter::new(1);
+    let holder_pool = pool(1, 4);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let holder = limited(
+        &holder_pool,
+        &[&l],
+        "holder",
+        &Concurrency::default(),
+        &hold,
+        &tx,
+    );
+    recv("the holder", &mut started).await;
+    let p = pool(2, 4);
+    let (ran_tx, mut ran) = signal::<()>();
+    p.offload(move |_| ran_tx.send(()).unwrap())
+        .limiter(&l)
+        .spawn()
+        .unwrap()
+        .detach();
+    // A start after it finds the limiter full and blocks its lane.
+    within("an unlimited job", p.offload(|_| ())).await.unwrap();
+    drop(p);
+    gate.open();
+    within("the holder", holder).await.unwrap();
+    recv("the detached job ran", &mut ran).await;
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting), (0, 0), "{s:?}");
+}
+
+/// A caller waiting for room is let in when a job held back by a limiter
+/// starts (it counted as waiting: L5), not only when a job finishes (found
+/// by a hostile review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_frees_when_a_job_waiting_for_a_limiter_starts() {
+    let l = Limiter::new(0);
+    let p = pool(2, 1);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let probe = Concurrency::default();
+    let first = limited(&p, &[&l], "first", &probe, &hold, &tx);
+    // A start after it tries its lane first, finds the limiter full and
+    // blocks the lane: it now counts as waiting.
+    within("an unlimited job", p.offload(|_| ())).await.unwrap();
+    let full = p.offload(|_| ()).limiter(&l).spawn().unwrap_err();
+    assert!(full.reason().to_string().contains("full"), "{full}");
+    let mut waiter = Box::pin(p.offload(|_| 3).limiter(&l).submit());
+    assert!(
+        poll_once(waiter.as_mut()).await.is_pending(),
+        "the queue is full: the caller waits for room"
+    );
+    l.set_permits(1);
+    assert_eq!(recv("first", &mut started).await, "first");
+    let admitted = within("the waiter gets in", waiter).await.unwrap();
+    gate.open();
+    within("the admitted job", admitted).await.unwrap();
+    gate.open();
+    within("first", first).await.unwrap();
+}

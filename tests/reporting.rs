@@ -7,7 +7,7 @@ use std::future::IntoFuture;
 use std::time::Duration;
 
 use offloader::{AbandonPolicy, Error, JobState, DEFAULT_QUEUE_CAPACITY};
-use support::{gate, occupy, pool, recv, signal, within};
+use support::{eventually, gate, occupy, pool, recv, signal, within};
 
 #[test]
 fn job_states_read_as_what_happened() {
@@ -43,6 +43,14 @@ async fn a_timeout_names_the_job_its_state_and_its_fate_and_the_job_outlives_its
         .on_abandon(AbandonPolicy::Keep);
     let caller = tokio::spawn(running.into_future());
     recv("started", &mut started).await;
+    // The function may start before its caller's first poll has registered
+    // the wait (a spinning caller is not registered yet).
+    eventually("the caller registers its wait", || {
+        pool.running_jobs()
+            .first()
+            .is_some_and(|j| j.caller_waiting)
+    })
+    .await;
     // While the caller still waits, the job has not outlived anybody.
     let before = pool.running_jobs();
     assert_eq!(before.len(), 1);

@@ -254,6 +254,20 @@ impl State {
         }
     }
 
+    /// Takes `lane` out of the list of lanes blocked on limiter `id`; once
+    /// none is left, stops watching the limiter and lets go of it.
+    fn unblock(&mut self, lane: Key, id: u64) {
+        let Some(b) = self.limited.get_mut(&id) else {
+            return;
+        };
+        self.lanes.unlink(&mut b.lanes, lane);
+        if b.lanes.is_empty() {
+            if let Some(b) = self.limited.remove(&id) {
+                b.limiter.unwatch(&self.watcher);
+            }
+        }
+    }
+
     /// `n` permits of `limiter` came back: readies up to `n` lanes blocked
     /// on it, first blocked first (L4); stops watching it if none is left.
     pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, n: usize, after: &mut After) {
@@ -316,9 +330,7 @@ impl State {
         // The lane's front job may have changed: a blocked lane tries again,
         // which needs a worker to look.
         if let Some(id) = l.blocked_on.take() {
-            if let Some(b) = self.limited.get_mut(&id) {
-                self.lanes.unlink(&mut b.lanes, lane);
-            }
+            self.unblock(lane, id);
             after.find_worker = true;
         }
         self.lane_update(lane, after);
@@ -349,9 +361,7 @@ impl State {
         };
         if lane.queued == 0 || self.draining {
             if let Some(id) = lane.blocked_on.take() {
-                if let Some(b) = self.limited.get_mut(&id) {
-                    self.lanes.unlink(&mut b.lanes, lane_key);
-                }
+                self.unblock(lane_key, id);
             }
         }
         let Some(lane) = self.lanes.get_mut(lane_key) else {
@@ -366,6 +376,7 @@ impl State {
             0
         };
         self.startable_queued = self.startable_queued - lane.contrib + contrib;
+        let grew = contrib > lane.contrib;
         lane.contrib = contrib;
         let passed = if lane.queued == 0 {
             lane.woken_by.take()
@@ -389,6 +400,11 @@ impl State {
             if self.lanes.len() == 1 {
                 self.compact_lanes();
             }
+        }
+        if grew {
+            // Fewer queued jobs wait for a permit (L5): a caller waiting
+            // for room may fit now.
+            self.room_freed(after);
         }
         if let Some(id) = passed {
             self.pass_wake(id, after);

@@ -42,6 +42,15 @@ impl State {
         self.find_worker()
     }
 
+    /// Whether the calling worker, about to retire, is the last one while
+    /// jobs are queued: it must stay (parked), or a job waiting for a
+    /// limiter's permit would have no worker when the permit comes back,
+    /// and after the last handle is dropped nothing would keep the pool
+    /// alive for it.
+    pub(crate) fn must_keep_worker(&self) -> bool {
+        self.workers == 1 && self.queued > 0 && !self.draining
+    }
+
     /// A worker counted by [`Worker::Spawn`] could not be spawned.
     pub(crate) fn spawn_failed(&mut self) {
         self.workers -= 1;

@@ -1850,14 +1850,13 @@ impl Report {
                 parts.push(json_object(&format!("{metric}{}", c.suffix()), &cells));
             }
         }
-        // The offloader alone has keyed jobs.
+        // The offloader alone has keyed and limited jobs.
         for c in CONDITIONS {
-            let v = self.value(c, "throughput_l2_keyed", System::Offloader.name());
-            let cells = [(System::Offloader.name().to_owned(), json_number(v, 0))];
-            parts.push(json_object(
-                &format!("throughput_l2_keyed{}", c.suffix()),
-                &cells,
-            ));
+            for metric in ["throughput_l2_keyed", "throughput_l2_limited"] {
+                let v = self.value(c, metric, System::Offloader.name());
+                let cells = [(System::Offloader.name().to_owned(), json_number(v, 0))];
+                parts.push(json_object(&format!("{metric}{}", c.suffix()), &cells));
+            }
         }
         parts.push(format!("\"rounds\": {}", self.rounds()));
         let held: Vec<(String, String)> = targets

@@ -96,8 +96,11 @@ impl JobCore {
         crate::limiter::normalise(&mut limiters);
         let lane = match key {
             Some(k) => Some(LaneId::Key(k)),
-            None if limiters.is_empty() => None,
-            None => Some(LaneId::Limiters(limiters.iter().map(Limiter::id).collect())),
+            None => match limiters.as_slice() {
+                [] => None,
+                [one] => Some(LaneId::Limiter(one.id())),
+                many => Some(LaneId::Limiters(many.iter().map(Limiter::id).collect())),
+            },
         };
         let group = group.map(|group| Membership {
             group,

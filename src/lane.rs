@@ -87,6 +87,8 @@ impl fmt::Debug for LaneKey {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum LaneId {
     Key(LaneKey),
+    /// One limiter (no allocation per job).
+    Limiter(u64),
     Limiters(Vec<u64>),
 }
 

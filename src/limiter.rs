@@ -204,25 +204,49 @@ pub(crate) fn try_acquire_all(
     limiters: &[Limiter],
     pool: &Weak<dyn Watcher>,
 ) -> Result<(), Limiter> {
+    // One limiter, the common case: no guard list to allocate.
+    if let [l] = limiters {
+        let mut s = l.lock();
+        if s.in_use >= s.permits {
+            s.watch(pool);
+            return Err(l.clone());
+        }
+        s.take_one();
+        drop(s);
+        l.count_waiting(false);
+        return Ok(());
+    }
     let mut held: Vec<MutexGuard<'_, LimState>> = Vec::with_capacity(limiters.len());
     for l in limiters {
         let mut s = l.lock();
         if s.in_use >= s.permits {
-            if !s.watchers.iter().any(|w| Weak::ptr_eq(w, pool)) {
-                // Pools gone since they registered leave here.
-                s.watchers.retain(|w| w.strong_count() > 0);
-                s.watchers.push(pool.clone());
-            }
+            s.watch(pool);
             return Err(l.clone());
         }
         held.push(s);
     }
     for (s, l) in held.iter_mut().zip(limiters) {
-        s.in_use += 1;
-        s.high_water = s.high_water.max(s.in_use);
+        s.take_one();
         l.count_waiting(false);
     }
     Ok(())
+}
+
+impl LimState {
+    /// M1: one permit taken.
+    fn take_one(&mut self) {
+        self.in_use += 1;
+        self.high_water = self.high_water.max(self.in_use);
+    }
+
+    /// M2: `pool` found no permit; it watches from now on.
+    fn watch(&mut self, pool: &Weak<dyn Watcher>) {
+        if !self.watchers.iter().any(|w| Weak::ptr_eq(w, pool)) {
+            // Pools gone since they registered leave here.
+            self.watchers.retain(|w| w.strong_count() > 0);
+            self.watchers.push(pool.clone());
+        }
+    }
 }
 
 /// Watchers to tell, after unlocking, that a permit of a limiter is free.

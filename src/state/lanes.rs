@@ -133,7 +133,7 @@ impl State {
                     None => {
                         let limit = match &l.id {
                             LaneId::Key(k) => self.key_limits.of(k),
-                            LaneId::Limiters(_) => usize::MAX,
+                            LaneId::Limiter(_) | LaneId::Limiters(_) => usize::MAX,
                         };
                         let slot = self.lanes.insert(Lane::new(Some(l.id.clone()), limit));
                         self.lane_index.insert(l.id.clone(), slot);

@@ -384,8 +384,12 @@ async fn a_map_ends_once_its_jobs_can_no_longer_be_accepted() {
         assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
     }
     group.stop();
-    let mut refused = 0;
+    let (mut refused, mut after_stop) = (0, 0);
     while let Some(o) = next(s.as_mut()).await {
+        // Bounded: an endless map that was not stopped fails here, not at
+        // the harness's timeout.
+        after_stop += 1;
+        assert!(after_stop <= 100, "the map went on past the stop");
         if let Err(BatchError::Job(e)) = o {
             assert!(e.is_rejected() || e.is_cancelled(), "{e}");
             refused += u64::from(e.is_rejected());

@@ -425,3 +425,37 @@ async fn a_large_batch_yields_while_it_submits() {
         ticks.load(Ordering::SeqCst)
     );
 }
+
+/// `stop_on_error` in completion order: a job still in flight at the error
+/// is stopped and its outcome is not yielded: the error is the last item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_unordered_stop_on_error_yields_nothing_after_the_error() {
+    let pool = pool(2, 16);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let (back_tx, mut back) = signal();
+    // Item 0 fails once item 1 runs; item 1 returns `Ok` once stopped.
+    let (one_tx, one_rx) = std::sync::mpsc::channel::<()>();
+    let one_rx = std::sync::Mutex::new(one_rx);
+    let mut s = pin!(pool
+        .map(0..2usize, move |i, stop| {
+            if i == 0 {
+                let _ = one_rx.lock().unwrap().recv_timeout(HANG);
+                return Err("item 0 failed");
+            }
+            tx.send(()).unwrap();
+            one_tx.send(()).unwrap();
+            back_tx.send(hold.wait_or_stop(stop)).unwrap();
+            Ok(i)
+        })
+        .unordered()
+        .stop_on_error());
+    match next(s.as_mut()).await {
+        Some(Err(BatchError::Failed(e))) => assert_eq!(e, "item 0 failed"),
+        other => panic!("{other:?}"),
+    }
+    recv("item 1 ran", &mut started).await;
+    assert!(recv("item 1 saw the stop", &mut back).await);
+    within("idle", pool.idle()).await;
+    assert!(next(s.as_mut()).await.is_none(), "nothing after the error");
+}

@@ -8,6 +8,7 @@ use std::future::poll_fn;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use futures_core::Stream;
 use offloader::{AbandonPolicy, BatchError, Error, Fate, JobState, StopToken};
@@ -458,4 +459,53 @@ async fn map_unordered_stop_on_error_yields_nothing_after_the_error() {
     assert!(recv("item 1 saw the stop", &mut back).await);
     within("idle", pool.idle()).await;
     assert!(next(s.as_mut()).await.is_none(), "nothing after the error");
+}
+
+/// A no-op context, to poll a stream by hand.
+fn noop_cx() -> Context<'static> {
+    Context::from_waker(Waker::noop())
+}
+
+/// `unordered` is bounded too: at most `limit` jobs in flight, and items
+/// are taken only as room frees (no window of waiting outcomes holds it
+/// back, so the count of jobs in flight alone must).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_unordered_keeps_at_most_limit_jobs_in_flight() {
+    let pool = pool(8, 1024);
+    let probe = Concurrency::default();
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let items = (0..100usize).inspect(move |_| {
+        p.fetch_add(1, Ordering::SeqCst);
+    });
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let pr = probe.clone();
+    let mut s = pin!(pool
+        .map(items, move |i, _| {
+            let _in = pr.enter();
+            tx.send(()).unwrap();
+            hold.wait();
+            Ok::<_, ()>(i)
+        })
+        .limit(3)
+        .unordered());
+    assert!(s.as_mut().poll_next(&mut noop_cx()).is_pending());
+    assert_eq!(
+        pulled.load(Ordering::SeqCst),
+        3,
+        "one poll takes `limit` items"
+    );
+    for _ in 0..3 {
+        recv("a job of the map", &mut started).await;
+    }
+    assert_eq!(pool.metrics().accepted, 3);
+    g.open();
+    let mut out = Vec::new();
+    while let Some(o) = next(s.as_mut()).await {
+        out.push(o.unwrap());
+    }
+    out.sort_unstable();
+    assert_eq!(out, (0..100).collect::<Vec<_>>());
+    assert!(probe.max() <= 3, "at most 3 in flight: {}", probe.max());
 }

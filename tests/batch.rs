@@ -509,3 +509,55 @@ async fn map_unordered_keeps_at_most_limit_jobs_in_flight() {
     assert_eq!(out, (0..100).collect::<Vec<_>>());
     assert!(probe.max() <= 3, "at most 3 in flight: {}", probe.max());
 }
+
+/// A field of a `Map`'s `Debug` text (`taken`, `in_flight`).
+fn map_field(debug: &str, name: &str) -> usize {
+    let from = debug.find(&format!("{name}: ")).expect(name) + name.len() + 2;
+    let digits: String = debug[from..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().expect(name)
+}
+
+/// In input order, at most `limit` outcomes wait to be yielded: while item
+/// 0 is held, item 1's outcome comes back and frees a job's room, yet no
+/// third item is taken (it would make three outcomes wait behind item 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_in_input_order_holds_at_most_limit_outcomes() {
+    let pool = pool(8, 1024);
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let items = (0..10usize).inspect(move |_| {
+        p.fetch_add(1, Ordering::SeqCst);
+    });
+    let (g, hold) = gate();
+    let mut s = pin!(pool
+        .map(items, move |i, _| {
+            if i == 0 {
+                hold.wait();
+            }
+            Ok::<_, ()>(i)
+        })
+        .limit(2));
+    // Polled until the map has seen an outcome (one job fewer in flight
+    // than taken): item 1's, item 0 being held.
+    eventually("item 1's outcome seen by the map", || {
+        assert!(s.as_mut().poll_next(&mut noop_cx()).is_pending());
+        let debug = format!("{s:?}");
+        map_field(&debug, "taken") > map_field(&debug, "in_flight")
+    })
+    .await;
+    let debug = format!("{s:?}");
+    assert_eq!(
+        (map_field(&debug, "taken"), map_field(&debug, "in_flight")),
+        (2, 1),
+        "{debug}"
+    );
+    assert_eq!(pulled.load(Ordering::SeqCst), 2);
+    g.open();
+    for i in 0..10 {
+        assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
+    }
+    assert!(next(s.as_mut()).await.is_none());
+}

@@ -190,6 +190,27 @@ mod tests {
         }
     }
 
+    /// Stays pending and hands out the waker of its last poll.
+    struct Parked(Arc<Mutex<Option<Waker>>>);
+
+    impl Future for Parked {
+        type Output = ();
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            *lock(&self.0) = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     fn poll_set(set: &mut ReadySet<Probe>) -> Poll<Option<(usize, ())>> {
         set.poll_next(&mut Context::from_waker(Waker::noop()))
     }
@@ -206,6 +227,28 @@ mod tests {
         assert_eq!(poll_set(&mut set), Poll::Pending);
         assert_eq!(polls.load(Ordering::SeqCst), 1, "polled once, when pushed");
         assert!(lock(&set.shared.queue).is_empty(), "no stale entry left");
+    }
+
+    /// A future's wake-up wakes the task that polled the set last (the
+    /// set's waker follows the task: not the one of an earlier poll).
+    #[test]
+    fn a_wake_up_reaches_the_task_that_polled_last() {
+        let mut set = ReadySet::new();
+        let parked = Arc::new(Mutex::new(None));
+        set.push(Parked(parked.clone()), 0);
+        let (first, second) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let polled_by = |set: &mut ReadySet<Parked>, task: &Arc<Count>| {
+            let waker = Waker::from(task.clone());
+            set.poll_next(&mut Context::from_waker(&waker))
+        };
+        assert!(polled_by(&mut set, &first).is_pending());
+        let woken = lock(&parked).take().expect("the future was polled");
+        woken.wake_by_ref();
+        assert_eq!(first.0.load(Ordering::SeqCst), 1, "the polling task woken");
+        assert!(polled_by(&mut set, &second).is_pending());
+        lock(&parked).take().expect("polled again").wake();
+        assert_eq!(second.0.load(Ordering::SeqCst), 1, "the last poller woken");
+        assert_eq!(first.0.load(Ordering::SeqCst), 1, "not the earlier one");
     }
 
     /// One poll of the set polls at most `BUDGET` futures, then yields.

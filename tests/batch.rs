@@ -8,6 +8,7 @@ use std::future::poll_fn;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use futures_core::Stream;
 use offloader::{AbandonPolicy, BatchError, Error, Fate, JobState, StopToken};
@@ -384,8 +385,12 @@ async fn a_map_ends_once_its_jobs_can_no_longer_be_accepted() {
         assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
     }
     group.stop();
-    let mut refused = 0;
+    let (mut refused, mut after_stop) = (0, 0);
     while let Some(o) = next(s.as_mut()).await {
+        // Bounded: an endless map that was not stopped fails here, not at
+        // the harness's timeout.
+        after_stop += 1;
+        assert!(after_stop <= 100, "the map went on past the stop");
         if let Err(BatchError::Job(e)) = o {
             assert!(e.is_rejected() || e.is_cancelled(), "{e}");
             refused += u64::from(e.is_rejected());
@@ -420,4 +425,139 @@ async fn a_large_batch_yields_while_it_submits() {
         "the ticker ran only {} times",
         ticks.load(Ordering::SeqCst)
     );
+}
+
+/// `stop_on_error` in completion order: a job still in flight at the error
+/// is stopped and its outcome is not yielded: the error is the last item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_unordered_stop_on_error_yields_nothing_after_the_error() {
+    let pool = pool(2, 16);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let (back_tx, mut back) = signal();
+    // Item 0 fails once item 1 runs; item 1 returns `Ok` once stopped.
+    let (one_tx, one_rx) = std::sync::mpsc::channel::<()>();
+    let one_rx = std::sync::Mutex::new(one_rx);
+    let mut s = pin!(pool
+        .map(0..2usize, move |i, stop| {
+            if i == 0 {
+                let _ = one_rx.lock().unwrap().recv_timeout(HANG);
+                return Err("item 0 failed");
+            }
+            tx.send(()).unwrap();
+            one_tx.send(()).unwrap();
+            back_tx.send(hold.wait_or_stop(stop)).unwrap();
+            Ok(i)
+        })
+        .unordered()
+        .stop_on_error());
+    match next(s.as_mut()).await {
+        Some(Err(BatchError::Failed(e))) => assert_eq!(e, "item 0 failed"),
+        other => panic!("{other:?}"),
+    }
+    recv("item 1 ran", &mut started).await;
+    assert!(recv("item 1 saw the stop", &mut back).await);
+    within("idle", pool.idle()).await;
+    assert!(next(s.as_mut()).await.is_none(), "nothing after the error");
+}
+
+/// A no-op context, to poll a stream by hand.
+fn noop_cx() -> Context<'static> {
+    Context::from_waker(Waker::noop())
+}
+
+/// `unordered` is bounded too: at most `limit` jobs in flight, and items
+/// are taken only as room frees (no window of waiting outcomes holds it
+/// back, so the count of jobs in flight alone must).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_unordered_keeps_at_most_limit_jobs_in_flight() {
+    let pool = pool(8, 1024);
+    let probe = Concurrency::default();
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let items = (0..100usize).inspect(move |_| {
+        p.fetch_add(1, Ordering::SeqCst);
+    });
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let pr = probe.clone();
+    let mut s = pin!(pool
+        .map(items, move |i, _| {
+            let _in = pr.enter();
+            tx.send(()).unwrap();
+            hold.wait();
+            Ok::<_, ()>(i)
+        })
+        .limit(3)
+        .unordered());
+    assert!(s.as_mut().poll_next(&mut noop_cx()).is_pending());
+    assert_eq!(
+        pulled.load(Ordering::SeqCst),
+        3,
+        "one poll takes `limit` items"
+    );
+    for _ in 0..3 {
+        recv("a job of the map", &mut started).await;
+    }
+    assert_eq!(pool.metrics().accepted, 3);
+    g.open();
+    let mut out = Vec::new();
+    while let Some(o) = next(s.as_mut()).await {
+        out.push(o.unwrap());
+    }
+    out.sort_unstable();
+    assert_eq!(out, (0..100).collect::<Vec<_>>());
+    assert!(probe.max() <= 3, "at most 3 in flight: {}", probe.max());
+}
+
+/// A field of a `Map`'s `Debug` text (`taken`, `in_flight`).
+fn map_field(debug: &str, name: &str) -> usize {
+    let from = debug.find(&format!("{name}: ")).expect(name) + name.len() + 2;
+    let digits: String = debug[from..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().expect(name)
+}
+
+/// In input order, at most `limit` outcomes wait to be yielded: while item
+/// 0 is held, item 1's outcome comes back and frees a job's room, yet no
+/// third item is taken (it would make three outcomes wait behind item 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_in_input_order_holds_at_most_limit_outcomes() {
+    let pool = pool(8, 1024);
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let items = (0..10usize).inspect(move |_| {
+        p.fetch_add(1, Ordering::SeqCst);
+    });
+    let (g, hold) = gate();
+    let mut s = pin!(pool
+        .map(items, move |i, _| {
+            if i == 0 {
+                hold.wait();
+            }
+            Ok::<_, ()>(i)
+        })
+        .limit(2));
+    // Polled until the map has seen an outcome (one job fewer in flight
+    // than taken): item 1's, item 0 being held.
+    eventually("item 1's outcome seen by the map", || {
+        assert!(s.as_mut().poll_next(&mut noop_cx()).is_pending());
+        let debug = format!("{s:?}");
+        map_field(&debug, "taken") > map_field(&debug, "in_flight")
+    })
+    .await;
+    let debug = format!("{s:?}");
+    assert_eq!(
+        (map_field(&debug, "taken"), map_field(&debug, "in_flight")),
+        (2, 1),
+        "{debug}"
+    );
+    assert_eq!(pulled.load(Ordering::SeqCst), 2);
+    g.open();
+    for i in 0..10 {
+        assert_eq!(next(s.as_mut()).await.unwrap().unwrap(), i);
+    }
+    assert!(next(s.as_mut()).await.is_none());
 }

@@ -652,3 +652,61 @@ async fn a_stop_reaches_every_running_job_at_once() {
         assert!(within("second", second).await.unwrap());
     }
 }
+
+/// `running_jobs` lists the running jobs of the group and its descendants,
+/// and only those: not a job of the pool outside the group, not a queued
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_jobs_lists_the_group_and_its_descendants_only() {
+    let pool = pool(3, 16);
+    let parent = pool.group();
+    let child = parent.child();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let named = |group: &JobGroup, name: &'static str| {
+        let (hold, tx) = (hold.clone(), tx.clone());
+        group
+            .offload(move |_| {
+                tx.send(()).unwrap();
+                hold.wait();
+            })
+            .name(name)
+            .spawn()
+            .unwrap()
+    };
+    let p = named(&parent, "parent's");
+    let c = named(&child, "child's");
+    let outside = {
+        let (hold, tx) = (hold.clone(), tx.clone());
+        pool.offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .name("outsider")
+        .spawn()
+        .unwrap()
+    };
+    for _ in 0..3 {
+        recv("a job", &mut started).await;
+    }
+    // Queued behind the three permits: not running.
+    let queued = named(&child, "queued");
+    let names = |group: &JobGroup| {
+        let mut names: Vec<String> = group
+            .running_jobs()
+            .iter()
+            .map(|j| j.name.as_deref().unwrap_or("?").to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&parent), ["child's", "parent's"]);
+    assert_eq!(names(&child), ["child's"]);
+    assert!(pool.group().running_jobs().is_empty());
+    g.open();
+    for job in [p, c, outside, queued] {
+        within("a job", job).await.unwrap();
+    }
+    within("idle", parent.idle()).await;
+    assert!(parent.running_jobs().is_empty());
+}

@@ -56,7 +56,11 @@ async fn run() -> Res<()> {
     let db = TempDb::new();
     let conn = Connection::open(&db.path)?;
     conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE events (pool TEXT, n INTEGER);")?;
-    drop(conn);
+    // Kept open to the end: the last connection to close a WAL database
+    // checkpoints it under an exclusive lock, which a writer starting at
+    // that moment would meet as "database is locked" — a reader's close,
+    // not a second writer. With this one open, no other is ever the last.
+    let _keeper = conn;
     let ingest = Offloader::builder()
         .max_in_flight(4)
         .thread_name("ingest")
@@ -183,7 +187,7 @@ fn write(
 
 /// One read (WAL readers never wait for the writer).
 fn count(path: &Path) -> Result<i64, rusqlite::Error> {
-    let conn = Connection::open(path)?;
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))
 }
 

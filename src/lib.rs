@@ -37,6 +37,8 @@ mod delivery;
 mod pool;
 mod worker;
 
+mod lanes;
+
 mod control;
 
 mod handle;

@@ -130,37 +130,6 @@ impl Offloader {
         self.inner().lock().snapshot()
     }
 
-    /// The `n` keys ([`Offload::key`](crate::Offload::key)) with the most
-    /// jobs queued and running now, busiest first. Keys without a job are
-    /// not kept. Costs O(keys in use) under the pool's lock.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = offloader::Offloader::builder().max_per_key(1).build()?;
-    /// let (started, is_started) = std::sync::mpsc::channel();
-    /// let (release, rx) = std::sync::mpsc::channel::<()>();
-    /// let held = pool
-    ///     .offload(move |_stop| {
-    ///         started.send(()).ok();
-    ///         rx.recv()
-    ///     })
-    ///     .key("tenant-a")
-    ///     .spawn()?;
-    /// is_started.recv()?;
-    /// let queued = pool.offload(|_stop| ()).key("tenant-a").spawn()?;
-    /// let busiest = &pool.key_stats(10)[0];
-    /// assert_eq!(busiest.key.to_string(), "tenant-a");
-    /// assert_eq!((busiest.running, busiest.queued), (1, 1));
-    /// release.send(())?;
-    /// held.await?.ok();
-    /// queued.await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn key_stats(&self, n: usize) -> Vec<crate::KeyStats> {
-        self.inner().lock().key_stats(n)
-    }
-
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.handle.inner
     }
@@ -335,7 +304,7 @@ impl Inner {
         }
     }
 
-    fn me(&self) -> Option<Arc<Inner>> {
+    pub(crate) fn me(&self) -> Option<Arc<Inner>> {
         self.me.upgrade()
     }
 
@@ -433,25 +402,6 @@ impl Inner {
         }
     }
 
-    /// Makes sure a worker will look at the queue if a lane became
-    /// startable outside a worker's or a submitter's path (a limiter's
-    /// permit came back, a wake-up passed on: lanes.rs L4).
-    fn find_worker_for_lanes(&self) {
-        let Some(me) = self.me() else {
-            return;
-        };
-        let mut after = After::default();
-        let mut s = self.lock();
-        if s.has_startable() {
-            let worker = s.find_worker();
-            if let Err(e) = me.provide_worker(&mut s, worker, &mut after) {
-                tracing::debug!(error = %e, "could not spawn a worker for a lane a limiter freed; queued jobs wait for busy ones");
-            }
-        }
-        drop(s);
-        self.after(after);
-    }
-
     /// Makes sure a worker will look at the queue: nothing to do if one is
     /// searching; else claim a parked one (unparked after unlocking) or
     /// spawn one under the lock.
@@ -496,14 +446,6 @@ impl Inner {
 }
 
 /// Logs a failed spawn of the observer's delivery thread (outside the lock).
-impl crate::limiter::Watcher for Inner {
-    fn limiter_freed(&self, limiter: &crate::Limiter, n: usize) {
-        let mut after = After::default();
-        self.lock().limiter_freed(limiter, n, &mut after);
-        self.after(after);
-    }
-}
-
 fn warn_delivery(error: Option<std::io::Error>) {
     if let Some(e) = error {
         tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job or the shutdown");

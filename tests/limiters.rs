@@ -374,3 +374,34 @@ async fn room_frees_when_a_job_waiting_for_a_limiter_starts() {
     gate.open();
     within("first", first).await.unwrap();
 }
+
+/// When one pool stops watching a limiter (its last waiting job was
+/// cancelled), the other pools waiting for it still hear of the next
+/// permit (kills the mutant of `Limiter::unwatch` that dropped every other
+/// watcher instead of this one, found by mutation testing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_stops_watching_leaves_the_others_watching() {
+    let l = Limiter::new(1);
+    let holder_pool = pool(1, 4);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let holder = limited(
+        &holder_pool,
+        &[&l],
+        "holder",
+        &Concurrency::default(),
+        &hold,
+        &tx,
+    );
+    recv("the holder", &mut started).await;
+    let (p, q) = (pool(2, 4), pool(2, 4));
+    let on_p = p.offload(|_| "p").limiter(&l).spawn().unwrap();
+    let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
+    // A start in each pool finds the limiter full: both pools watch it.
+    within("a job on p", p.offload(|_| ())).await.unwrap();
+    within("a job on q", q.offload(|_| ())).await.unwrap();
+    assert!(on_p.cancel(), "p's job was still waiting");
+    gate.open();
+    within("the holder", holder).await.unwrap();
+    assert_eq!(within("q's job, woken", on_q).await.unwrap(), "q");
+}

@@ -38,6 +38,24 @@ fn limited(
     o.spawn().expect("accepted")
 }
 
+/// Takes a permit of `l` with a running job of a pool of its own, held
+/// until the gate opens; returns once it runs (keep the pool).
+async fn held_elsewhere(l: &Limiter) -> (Offloader, Gate, JobHandle<()>) {
+    let holder_pool = pool(1, 4);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let holder = limited(
+        &holder_pool,
+        &[l],
+        "holder",
+        &Concurrency::default(),
+        &hold,
+        &tx,
+    );
+    recv("the holder", &mut started).await;
+    (holder_pool, gate, holder)
+}
+
 /// One limiter of two permits shared by two pools of four: at most two of
 /// their functions run at once, the others wait in their queues, and
 /// unlimited jobs of both pools still start beside them. A permit freed in
@@ -315,18 +333,7 @@ async fn a_panic_gives_the_permit_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_waiting_for_a_limiter_outlives_its_dropped_pool() {
     let l = Limiter::new(1);
-    let holder_pool = pool(1, 4);
-    let (gate, hold) = gate();
-    let (tx, mut started) = signal();
-    let holder = limited(
-        &holder_pool,
-        &[&l],
-        "holder",
-        &Concurrency::default(),
-        &hold,
-        &tx,
-    );
-    recv("the holder", &mut started).await;
+    let (_holder_pool, gate, holder) = held_elsewhere(&l).await;
     let p = pool(2, 4);
     let (ran_tx, mut ran) = signal::<()>();
     p.offload(move |_| ran_tx.send(()).unwrap())
@@ -382,18 +389,7 @@ async fn room_frees_when_a_job_waiting_for_a_limiter_starts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_stops_watching_leaves_the_others_watching() {
     let l = Limiter::new(1);
-    let holder_pool = pool(1, 4);
-    let (gate, hold) = gate();
-    let (tx, mut started) = signal();
-    let holder = limited(
-        &holder_pool,
-        &[&l],
-        "holder",
-        &Concurrency::default(),
-        &hold,
-        &tx,
-    );
-    recv("the holder", &mut started).await;
+    let (_holder_pool, gate, holder) = held_elsewhere(&l).await;
     let (p, q) = (pool(2, 4), pool(2, 4));
     let on_p = p.offload(|_| "p").limiter(&l).spawn().unwrap();
     let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();

@@ -24,7 +24,7 @@ where
     type IntoFuture = OffloadFuture<F, T>;
 
     fn into_future(self) -> OffloadFuture<F, T> {
-        let began = Began::now();
+        let began = Began::if_limited(self.opts.timeout);
         let policy = self.opts.policy.unwrap_or(self.pool.inner().config.abandon);
         OffloadFuture {
             began,

@@ -30,32 +30,52 @@ pub(crate) fn deadline_after(began: Instant, limit: Duration) -> Instant {
         .unwrap_or(began)
 }
 
-/// When a caller began to wait, on both clocks.
+/// When a caller began to wait, on both clocks; read only for a caller
+/// with a time limit (two clock reads saved per untimed submit).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Began {
+pub(crate) struct Began(Option<Stamps>);
+
+#[derive(Debug, Clone, Copy)]
+struct Stamps {
     /// Real time: for the job's stop-token deadline.
-    pub(crate) real: Instant,
+    real: Instant,
     /// Tokio's clock: for the caller's timer and the time it reports.
     timer: tokio::time::Instant,
 }
 
 impl Began {
     pub(crate) fn now() -> Began {
-        Began {
+        Began(Some(Stamps {
             real: Instant::now(),
             timer: tokio::time::Instant::now(),
+        }))
+    }
+
+    /// [`now`](Self::now) if the caller has a time `limit`, else nothing
+    /// read: an untimed wait never asks when it began.
+    pub(crate) fn if_limited(limit: Option<Duration>) -> Began {
+        match limit {
+            Some(_) => Began::now(),
+            None => Began(None),
         }
     }
 
-    /// When a wait of `limit` ends, on tokio's clock.
+    /// When the wait began in real time (`None` for an untimed caller).
+    pub(crate) fn real(&self) -> Option<Instant> {
+        self.0.map(|s| s.real)
+    }
+
+    /// When a wait of `limit` ends, on tokio's clock (from now if the
+    /// beginning was not read).
     pub(crate) fn timer_deadline(&self, limit: Duration) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(deadline_after(self.timer.into_std(), limit))
+        let from = self.0.map_or_else(tokio::time::Instant::now, |s| s.timer);
+        tokio::time::Instant::from_std(deadline_after(from.into_std(), limit))
     }
 
     /// How long the caller has waited, on tokio's clock (the clock its
-    /// timer fires by).
+    /// timer fires by); zero if the beginning was not read.
     pub(crate) fn waited(&self) -> Duration {
-        self.timer.elapsed()
+        self.0.map_or(Duration::ZERO, |s| s.timer.elapsed())
     }
 }
 

@@ -171,11 +171,10 @@ impl JobCore {
         true
     }
 
-    /// Restarts the clock when the function starts; returns how long the job
-    /// was queued. Called under the pool lock by the worker that won
-    /// `Queued → Running`.
-    pub(crate) fn mark_started(&self) -> Duration {
-        let now = now_ns();
+    /// Restarts the clock at `now` (from [`now_ns`]) when the function
+    /// starts; returns how long the job was queued. Called under the pool
+    /// lock by the worker that won `Queued → Running`.
+    pub(crate) fn mark_started(&self, now: u64) -> Duration {
         // ORDERING: the clock is read and written under the pool lock.
         let accepted = self.time.swap(now, std::sync::atomic::Ordering::Relaxed);
         Duration::from_nanos(now.saturating_sub(accepted))

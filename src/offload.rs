@@ -259,7 +259,8 @@ where
     /// # Ok(()) }
     /// ```
     pub fn spawn(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        self.try_accept(Began::now()).map_err(|(reason, back)| {
+        let began = Began::if_limited(self.opts.timeout);
+        self.try_accept(began).map_err(|(reason, back)| {
             back.pool.inner().count_refusal(&reason);
             SubmitError::new(reason, back.func)
         })
@@ -281,7 +282,8 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn submit(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        self.submit_from(Began::now()).await
+        let began = Began::if_limited(self.opts.timeout);
+        self.submit_from(began).await
     }
 
     /// [`submit`](Self::submit), with the caller's wait counted from `began`.
@@ -340,7 +342,10 @@ where
     pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
         let inner = self.pool.inner().clone();
         // The function's deadline is in real time: it runs on real threads.
-        let wait_until = self.opts.timeout.and_then(|t| began.real.checked_add(t));
+        let wait_until = self
+            .opts
+            .timeout
+            .and_then(|t| began.real().and_then(|r| r.checked_add(t)));
         let deadline = match (wait_until, self.opts.deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

@@ -249,6 +249,10 @@ impl Inner {
     /// Every waker and observer call is foreign code and runs here, never
     /// under the lock; a panic in one is caught.
     pub(crate) fn after(&self, after: After) {
+        if after.is_empty() {
+            // The common case of a job's path: nothing to do.
+            return;
+        }
         let After {
             unpark,
             room,
@@ -260,14 +264,18 @@ impl Inner {
             limiter_wakes,
             find_worker,
         } = after;
-        for (limiter, watchers) in limiter_wakes {
-            limiter.wake(&watchers, 1);
+        if !limiter_wakes.is_empty() {
+            for (limiter, watchers) in limiter_wakes {
+                limiter.wake(&watchers, 1);
+            }
         }
         if find_worker {
             self.find_worker_for_lanes();
         }
-        for worker in unpark {
-            worker.unpark();
+        if !unpark.is_empty() {
+            for worker in unpark {
+                worker.unpark();
+            }
         }
         match room {
             Room::None => {}
@@ -282,8 +290,10 @@ impl Inner {
             self.changed.notify_all();
             self.progress.wake_all();
         }
-        for list in idle_groups {
-            list.wake_all();
+        if !idle_groups.is_empty() {
+            for list in idle_groups {
+                list.wake_all();
+            }
         }
         if let Some(task) = release {
             crate::quiet::drop_quietly(task);

@@ -7,7 +7,8 @@
 //! take the front or the back, and unlink an entry *at any position* by its
 //! key (a cancel in the middle of a million queued jobs costs what a cancel
 //! at the front costs). Freed entries are chained for reuse; when the slab
-//! empties it gives its memory back, so a burst does not pin its peak.
+//! empties it gives its memory back (beyond a few entries), so a burst
+//! does not pin its peak.
 //!
 //! # Invariants
 //!
@@ -20,6 +21,9 @@
 pub(crate) type Key = u32;
 
 const NIL: Key = Key::MAX;
+
+/// An emptied slab of at most this many entries keeps them allocated.
+const KEEP_EMPTY: usize = 16;
 
 struct Entry<T> {
     value: Option<T>,
@@ -106,8 +110,14 @@ impl<T> Slab<T> {
         self.free = key;
         self.len -= 1;
         if self.len == 0 {
-            // Amortised O(1): paid for by the inserts that filled it.
-            self.entries = Vec::new();
+            // Amortised O(1): paid for by the inserts that filled it. A
+            // small slab keeps its memory: a pool running one job at a time
+            // would otherwise allocate and free it for every job.
+            if self.entries.capacity() > KEEP_EMPTY {
+                self.entries = Vec::new();
+            } else {
+                self.entries.clear();
+            }
             self.free = NIL;
         }
         Some(value)
@@ -244,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn two_lists_share_one_slab_and_an_empty_slab_frees_its_memory() {
+    fn two_lists_share_one_slab_and_an_emptied_large_slab_frees_its_memory() {
         let mut slab = Slab::default();
         let (mut a, mut b) = (List::default(), List::default());
         let x = slab.insert(1);
@@ -258,8 +268,19 @@ mod tests {
         while let Some(k) = slab.pop_front(&mut b) {
             slab.remove(k);
         }
-        assert_eq!(slab.entries.capacity(), 0);
+        // A small slab keeps its few entries' memory, and starts over.
+        assert!(slab.entries.is_empty());
+        assert!(slab.entries.capacity() <= KEEP_EMPTY);
         assert_eq!(slab.get(x), None);
         assert_eq!(slab.remove(x), None);
+        assert_eq!(slab.insert(3), 0, "an emptied slab hands out key 0");
+        slab.remove(0);
+        // A large one gives its memory back.
+        let keys: Vec<Key> = (0..=KEEP_EMPTY as u32).map(|i| slab.insert(i)).collect();
+        assert!(slab.entries.capacity() > KEEP_EMPTY);
+        for k in keys {
+            slab.remove(k);
+        }
+        assert_eq!(slab.entries.capacity(), 0);
     }
 }

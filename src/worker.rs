@@ -84,7 +84,8 @@ impl Inner {
                 // next job under one lock (S1), before the outcome is
                 // published (job.rs inv. 4).
                 panicked = did_panic;
-                ran = core.clock();
+                let now = crate::id::now_ns();
+                ran = core.clock_at(now);
                 self.note_run_time(ran);
                 let mut s = self.lock();
                 if std::mem::take(&mut owed) {
@@ -104,7 +105,7 @@ impl Inner {
                 let foreign_next =
                     after.runs_foreign_code() || core.waker_hint() || !core.caller_waiting();
                 if !foreign_next {
-                    following = s.start(&mut after);
+                    following = s.start(now, &mut after);
                 }
                 if following.is_none() {
                     // From here until it parks this worker will look at the
@@ -164,7 +165,7 @@ impl Inner {
         }
         let mut spun = false;
         loop {
-            if let Some(task) = s.start(&mut after) {
+            if let Some(task) = s.start(crate::id::now_ns(), &mut after) {
                 if searching {
                     s.end_search();
                 }

@@ -348,25 +348,27 @@ impl State {
     /// without queued jobs out of its blocked list (passing on a wake-up it
     /// had: L4), and drops a keyed lane that holds no job (L3).
     pub(super) fn lane_update(&mut self, lane_key: Key, after: &mut After) {
-        let Some(lane) = self.lanes.get_mut(lane_key) else {
+        let Some(mut lane) = self.lanes.get_mut(lane_key) else {
             return;
         };
         // S2: tombstones never outnumber the lane's queued jobs for long
         // (a start may leave them behind its job; a cancel adds one).
         if lane.tombstones > lane.queued {
             self.unlink_tombstones(lane_key, after);
+            let Some(again) = self.lanes.get_mut(lane_key) else {
+                return;
+            };
+            lane = again;
         }
-        let Some(lane) = self.lanes.get_mut(lane_key) else {
-            return;
-        };
         if lane.queued == 0 || self.draining {
             if let Some(id) = lane.blocked_on.take() {
                 self.unblock(lane_key, id);
+                let Some(again) = self.lanes.get_mut(lane_key) else {
+                    return;
+                };
+                lane = again;
             }
         }
-        let Some(lane) = self.lanes.get_mut(lane_key) else {
-            return;
-        };
         let startable = lane.startable() && !self.draining;
         let unused = lane.is_unused();
         // L5: the jobs of this lane a free permit would start now.

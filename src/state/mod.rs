@@ -127,6 +127,30 @@ pub(crate) struct After {
 }
 
 impl After {
+    /// Whether there is nothing to carry out.
+    pub(crate) fn is_empty(&self) -> bool {
+        let After {
+            unpark,
+            room,
+            settled,
+            events,
+            release,
+            dead,
+            idle_groups,
+            limiter_wakes,
+            find_worker,
+        } = self;
+        unpark.is_empty()
+            && *room == Room::None
+            && !settled
+            && !events
+            && release.is_none()
+            && dead.is_empty()
+            && idle_groups.is_empty()
+            && limiter_wakes.is_empty()
+            && !find_worker
+    }
+
     /// Whether carrying this out runs foreign code (waiters' wakers).
     pub(crate) fn runs_foreign_code(&self) -> bool {
         self.room != Room::None || self.settled || !self.idle_groups.is_empty()

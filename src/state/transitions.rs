@@ -17,8 +17,10 @@ use crate::sync::Arc;
 
 impl State {
     /// Transition *start*: pops the next queued job and moves it to
-    /// `Running`, taking its permit (S1, S2).
-    pub(crate) fn start(&mut self, after: &mut After) -> Option<Arc<dyn Task>> {
+    /// `Running`, taking its permit (S1, S2). `now` (from `now_ns`) is when
+    /// it starts: a worker that just finished a job reads the clock once
+    /// for both.
+    pub(crate) fn start(&mut self, now: u64, after: &mut After) -> Option<Arc<dyn Task>> {
         if self.draining {
             return None;
         }
@@ -37,7 +39,7 @@ impl State {
         debug_assert!(self.running.len() < self.max_in_flight, "S1");
         self.jobs.push_back(&mut self.running, key);
         self.counts.max_running = self.counts.max_running.max(self.running.len() as u64);
-        self.counts.queue_wait_total += core.mark_started();
+        self.counts.queue_wait_total += core.mark_started(now);
         self.event(core, EventKind::Started, after);
         Some(task)
     }

@@ -1,7 +1,8 @@
-//! Loom models of shared limiters (limiter.rs M1, M2; lanes.rs L4): a
+//! Loom models of shared limiters (limiter.rs M1–M3; lanes.rs L4): a
 //! cancel racing a limited job's start leaks no permit, and two pools
 //! taking two limiters in opposite orders neither deadlock nor lose the
-//! wake-up of a permit given back in the other pool.
+//! wake-up of a permit given back in the other pool; a grant racing a
+//! cancel in the pool it was granted to is given back, not lost.
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -75,4 +76,44 @@ fn two_pools_two_limiters_opposite_orders() {
             (0, 0, 1, 1)
         );
     });
+}
+
+/// Limiter grants (limiter.rs M3): pool `a` gives the permit back while
+/// pool `b`'s waiting job is cancelled. Whether `b` was granted the permit
+/// first (and gives it back) or left the line first, `a`'s second job gets
+/// it, and no permit or grant is left behind.
+#[test]
+fn grant_vs_cancel() {
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let (a, b) = (pool(1), pool(1));
+        let l = Limiter::new(1);
+        let first = a.offload(|_stop| 1).limiter(&l).spawn().expect("accepted");
+        let waiting = b.offload(|_stop| 2).limiter(&l).spawn().expect("accepted");
+        let second = a.offload(|_stop| 3).limiter(&l).spawn().expect("accepted");
+        let waiting = Arc::new(waiting);
+        let canceller = {
+            let waiting = waiting.clone();
+            thread::spawn(move || waiting.cancel())
+        };
+        assert_eq!(first.blocking_wait().ok(), Some(1));
+        assert_eq!(second.blocking_wait().ok(), Some(3));
+        let cancelled = canceller.join().unwrap();
+        let outcome = loom::future::block_on(std::future::poll_fn(|cx| waiting.poll_outcome(cx)));
+        match outcome {
+            Err(Error::Cancelled { .. }) => {
+                assert!(cancelled);
+                BRANCHES.hit(0);
+            }
+            Ok(2) => {
+                assert!(!cancelled);
+                BRANCHES.hit(1);
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        let s = l.stats();
+        assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+        assert_eq!(s.high_water, 1);
+    });
+    BRANCHES.assert_all(["cancelled", "ran"]);
 }

@@ -401,3 +401,86 @@ async fn a_pool_that_stops_watching_leaves_the_others_watching() {
     within("the holder", holder).await.unwrap();
     assert_eq!(within("q's job, woken", on_q).await.unwrap(), "q");
 }
+
+/// Pools sharing a limiter are served in turn (limiter.rs M3): a pool whose
+/// finishing job gives a permit back cannot take it again for its next job
+/// while another pool waits for it. Before grants, pool `a` re-took the
+/// permit in the same critical section that gave it back, and `b`'s job
+/// waited behind all 20 of `a`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_given_back_goes_to_the_pool_that_waited_not_back_to_its_own() {
+    let l = Limiter::new(1);
+    let (a, b) = (pool(1, 64), pool(1, 4));
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let first = limited(&a, &[&l], "a0", &Concurrency::default(), &hold, &tx);
+    recv("a0", &mut started).await;
+    let rest: Vec<_> = (1..=20)
+        .map(|i| {
+            let log = log.clone();
+            a.offload(move |_| log.lock().unwrap().push(format!("a{i}")))
+                .limiter(&l)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let on_b = {
+        let log = log.clone();
+        b.offload(move |_| log.lock().unwrap().push("b".into()))
+            .limiter(&l)
+            .spawn()
+            .unwrap()
+    };
+    // b's limited lane comes first in its ring: once a later unlimited job
+    // of b ran, b's start found the limiter full and b waits for it.
+    within("a job on b", b.offload(|_| ())).await.unwrap();
+    assert_eq!(l.stats().pools_waiting, 1, "{:?}", l.stats());
+    gate.open();
+    within("a0", first).await.unwrap();
+    for job in rest {
+        within("a's jobs", job).await.unwrap();
+    }
+    within("b's job", on_b).await.unwrap();
+    let log = log.lock().unwrap();
+    let at = log.iter().position(|s| s == "b");
+    assert_eq!(at, Some(0), "b's job waited behind a's: {log:?}");
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+}
+
+/// A grant its pool cannot use goes on to the next waiting pool (M3): `p`
+/// is granted the permit first, but its readied job is cancelled before it
+/// can start (p's own permit is busy); `q`'s job then gets the permit.
+/// Without the give-back, q's job would wait for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_its_pool_cannot_use_goes_to_the_next_waiting_pool() {
+    let l = Limiter::new(1);
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let (p, q) = (pool(1, 4), pool(1, 4));
+    let on_p = p.offload(|_| "p").limiter(&l).spawn().unwrap();
+    // p's limited lane was tried first, found the limiter full, and p waits;
+    // this job then takes p's only permit and keeps it.
+    let (p_gate, p_hold) = gate();
+    let (tx, mut started) = signal();
+    let busy = limited(&p, &[], "busy", &Concurrency::default(), &p_hold, &tx);
+    recv("p's busy job", &mut started).await;
+    let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
+    within("a job on q", q.offload(|_| ())).await.unwrap();
+    assert_eq!(l.stats().pools_waiting, 2);
+    holder_gate.open();
+    within("the holder", holder).await.unwrap();
+    // p, first in line, is granted the permit and leaves the line.
+    eventually("p granted the permit", || l.stats().pools_waiting == 1).await;
+    assert_eq!(on_p.state(), JobState::Queued);
+    assert!(on_p.cancel(), "p's job could not start: p's permit is busy");
+    assert_eq!(within("q's job", on_q).await.unwrap(), "q");
+    p_gate.open();
+    within("p's busy job", busy).await.unwrap();
+    let s = l.stats();
+    assert_eq!(
+        (s.in_use, s.high_water, s.pools_waiting),
+        (0, 1, 0),
+        "{s:?}"
+    );
+}

@@ -66,10 +66,13 @@ pub enum Error {
     #[error("the offload future was polled after it had completed")]
     PolledAfterCompletion,
     /// A function of this pool blocked waiting for a job of the same pool
-    /// that is still queued, while every other permit is held by functions
-    /// doing the same: the job could never start, so the wait fails instead
-    /// of hanging. The job itself stays queued.
-    #[error("waiting for job {id} from inside its own pool would never return: it is queued and every permit is held by a function waiting for a queued job of the same pool (raise max_in_flight, use another pool for the inner jobs, or return and await them from async code)")]
+    /// that is still queued, while every other permit the job needs is held
+    /// by functions doing the same — the pool's permits, its key's
+    /// ([`Offload::key`](crate::Offload::key)) when the waiting function has
+    /// the same key, or a [`Limiter`](crate::Limiter)'s that both need: the
+    /// job could never start, so the wait fails instead of hanging. The job
+    /// itself stays queued.
+    #[error("waiting for job {id} from inside its own pool would never return: it is queued and every permit it needs (of the pool, of its key, or of a limiter the waiting function holds too) is held by a function waiting for a queued job of the same pool (raise the limit, use another pool for the inner jobs, or return and await them from async code)")]
     WouldDeadlock {
         /// The job that was waited for.
         id: JobId,

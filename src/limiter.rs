@@ -92,6 +92,9 @@ struct LimState {
     grants: Vec<(Weak<dyn Watcher>, usize)>,
     /// Their sum.
     granted: usize,
+    /// Running functions holding a permit that wait, from inside their
+    /// pool, for a queued job of it that needs this limiter too.
+    own_waiters: usize,
 }
 
 /// A pool that waits for a limiter's permits.
@@ -141,6 +144,7 @@ impl Limiter {
                     waiting: VecDeque::new(),
                     grants: Vec::new(),
                     granted: 0,
+                    own_waiters: 0,
                 }),
                 waiting: AtomicUsize::new(0),
             }),
@@ -209,6 +213,24 @@ impl Limiter {
                 pool.limiter_freed(self, 1);
             }
         }
+    }
+
+    /// A function holding a permit starts waiting for a queued job that
+    /// needs this limiter; `false` (nothing counted) if then every permit
+    /// would be held by such a wait (the job could never start).
+    pub(crate) fn own_wait_begins(&self) -> bool {
+        let mut s = self.lock();
+        if s.own_waiters.saturating_add(1) >= s.permits {
+            return false;
+        }
+        s.own_waiters += 1;
+        true
+    }
+
+    /// A wait counted by [`own_wait_begins`](Self::own_wait_begins) ended.
+    pub(crate) fn own_wait_ended(&self) {
+        let mut s = self.lock();
+        s.own_waiters = s.own_waiters.saturating_sub(1);
     }
 
     /// `pool` has no lane blocked on this limiter any more: it leaves the

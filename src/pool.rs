@@ -467,11 +467,14 @@ fn warn_delivery(error: Option<std::io::Error>) {
 /// wait's registration.
 pub(crate) struct OwnWait<'a> {
     inner: &'a Inner,
+    mark: Option<crate::state::OwnWaitMark>,
 }
 
 impl Drop for OwnWait<'_> {
     fn drop(&mut self) {
-        self.inner.lock().own_wait_ended();
+        if let Some(mark) = self.mark.take() {
+            self.inner.lock().own_wait_ended(mark);
+        }
     }
 }
 
@@ -489,12 +492,17 @@ impl Inner {
         if core.state() != crate::id::JobState::Queued {
             return Ok(None);
         }
-        if !s.own_wait_begins() {
-            drop(s);
-            tracing::warn!(id = core.id.0, "a function blocked waiting for a queued job of its own pool with every permit so held: refused instead of deadlocking");
-            return Err(Error::WouldDeadlock { id: core.id });
+        match s.own_wait_begins(crate::sync::current_job(), core) {
+            Ok(mark) => Ok(Some(OwnWait {
+                inner: self,
+                mark: Some(mark),
+            })),
+            Err(()) => {
+                drop(s);
+                tracing::warn!(id = core.id.0, "a function blocked waiting for a queued job of its own pool, key or limiter with every permit so held: refused instead of deadlocking");
+                Err(Error::WouldDeadlock { id: core.id })
+            }
         }
-        Ok(Some(OwnWait { inner: self }))
     }
 }
 

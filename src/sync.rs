@@ -67,6 +67,32 @@ std::thread_local! {
     static POOL_THREAD: std::cell::Cell<Option<(usize, Role)>> = const { std::cell::Cell::new(None) };
 }
 
+std::thread_local! {
+    /// The slab key of the job whose function this worker thread runs now.
+    static CURRENT_JOB: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Records the job (its slab key) whose function this worker runs now, or
+/// that it runs none (loom: nothing).
+pub(crate) fn set_current_job(key: Option<u32>) {
+    #[cfg(not(loom))]
+    CURRENT_JOB.with(|t| t.set(key));
+    #[cfg(loom)]
+    let _ = key;
+}
+
+/// The job whose function this worker thread runs now (loom: none).
+pub(crate) fn current_job() -> Option<u32> {
+    #[cfg(not(loom))]
+    {
+        CURRENT_JOB.with(std::cell::Cell::get)
+    }
+    #[cfg(loom)]
+    {
+        None
+    }
+}
+
 /// Marks the current thread as `pool`'s thread in `role` (loom: nothing;
 /// the models do not use the marks).
 pub(crate) fn mark_pool_thread(pool: usize, role: Role) {

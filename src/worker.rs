@@ -79,6 +79,9 @@ impl Inner {
             let mut ran = Duration::ZERO;
             let mut panicked = false;
             let mut after = After::default();
+            // For a wait from inside the function (pool.rs
+            // `enter_own_wait`): the key stays this job's while it runs.
+            crate::sync::set_current_job(Some(core.key()));
             task.run(&stop, &mut |did_panic| {
                 // The function returned: release the permit and take the
                 // next job under one lock (S1), before the outcome is
@@ -113,6 +116,7 @@ impl Inner {
                     s.begin_search();
                 }
             });
+            crate::sync::set_current_job(None);
             drop(stop);
             log_finished(core, panicked, ran);
             drop(entered);

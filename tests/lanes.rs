@@ -353,3 +353,48 @@ async fn a_key_at_its_limit_fills_the_bound_with_its_own_jobs_only() {
         within("every job", h).await.unwrap();
     }
 }
+
+/// A function that blocking-waits for a queued job of its own key while
+/// that wait would hold the key's last running slot fails at once with
+/// `WouldDeadlock` instead of hanging (the pool has permits to spare); a
+/// job of another key is waited for as usual, and the refused job runs once
+/// the waiting function returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_queued_job_of_the_own_key_at_its_limit_cannot_deadlock() {
+    let pool = Offloader::builder()
+        .max_in_flight(4)
+        .max_per_key(1)
+        .build()
+        .unwrap();
+    let p = pool.clone();
+    let outer = pool
+        .offload(move |_| {
+            let same = p.offload(|_| "same key").key("k").spawn().unwrap();
+            let other = p.offload(|_| "other key").key("j").spawn().unwrap();
+            let other = other.blocking_wait().map_err(|e| e.to_string());
+            let same = same.blocking_wait().map_err(|e| e.to_string());
+            (same, other)
+        })
+        .key("k");
+    let (same, other) = within("outer", outer).await.unwrap();
+    assert_eq!(other, Ok("other key"));
+    let text = same.expect_err("key k's one slot is held by the waiter");
+    assert!(text.contains("would never return"), "{text}");
+    within("the refused job runs after", pool.idle()).await;
+    assert_eq!(pool.metrics().completed, 3);
+
+    // Two slots per key: the wait leaves one to run the job.
+    let pool = Offloader::builder()
+        .max_in_flight(4)
+        .max_per_key(2)
+        .build()
+        .unwrap();
+    let p = pool.clone();
+    let outer = pool
+        .offload(move |_| {
+            let same = p.offload(|_| 7).key("k").spawn().unwrap();
+            same.blocking_wait().map_err(|e| e.to_string())
+        })
+        .key("k");
+    assert_eq!(within("outer", outer).await.unwrap(), Ok(7));
+}

@@ -484,3 +484,34 @@ async fn a_grant_its_pool_cannot_use_goes_to_the_next_waiting_pool() {
         "{s:?}"
     );
 }
+
+/// A function holding a limiter's last permit that blocking-waits for a
+/// queued job of its pool needing the same limiter fails at once with
+/// `WouldDeadlock` instead of hanging (the pool has permits to spare); with
+/// a permit to spare the wait is served, and the refused job runs once the
+/// waiting function returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_queued_job_needing_a_limiter_it_holds_cannot_deadlock() {
+    for (permits, refused) in [(1, true), (2, false)] {
+        let l = Limiter::new(permits);
+        let pool = pool(4, 8);
+        let (p, inner_l) = (pool.clone(), l.clone());
+        let outer = pool
+            .offload(move |_| {
+                let inner = p.offload(|_| 5).limiter(&inner_l).spawn().unwrap();
+                inner.blocking_wait().map_err(|e| e.to_string())
+            })
+            .limiter(&l);
+        let waited = within("outer", outer).await.unwrap();
+        if refused {
+            let text = waited.expect_err("the waiter holds the only permit");
+            assert!(text.contains("would never return"), "{text}");
+        } else {
+            assert_eq!(waited, Ok(5));
+        }
+        within("the inner job runs", pool.idle()).await;
+        assert_eq!(pool.metrics().completed, 2);
+        let s = l.stats();
+        assert_eq!((s.in_use, s.waiting), (0, 0), "{s:?}");
+    }
+}

@@ -56,6 +56,16 @@ pub(super) struct Lane {
     /// Its share of `State::startable_queued`: the jobs a free permit
     /// would start now (L5).
     contrib: usize,
+    /// Its running functions blocked waiting for one of its queued jobs
+    /// (pool.rs `enter_own_wait`).
+    own_waiters: usize,
+}
+
+/// What a function's wait for a queued job of its own pool counted beyond
+/// the pool's count: its lane's, and its limiters' (undone when it ends).
+pub(crate) struct OwnWaitMark {
+    lane: Option<Key>,
+    limiters: Vec<Limiter>,
 }
 
 /// A limiter this pool's lanes wait for, and the lanes blocked on it.
@@ -77,6 +87,7 @@ impl Lane {
             blocked_on: None,
             woken_by: None,
             contrib: 0,
+            own_waiters: 0,
         }
     }
 
@@ -445,6 +456,64 @@ impl State {
         }
         if self.lane_index.capacity() > 64 {
             self.lane_index = HashMap::new();
+        }
+    }
+
+    /// The lane and limiter part of [`State::own_wait_begins`]: the running
+    /// job `waiter` (a slab key) waits for the queued job `waited`. Refused
+    /// if, counting this wait, every running slot of their shared lane, or
+    /// every permit of a limiter both need, would be held by such waits:
+    /// `waited` could never start.
+    pub(super) fn lane_own_wait(
+        &mut self,
+        waiter: Option<Key>,
+        waited: &JobCore,
+    ) -> Result<OwnWaitMark, ()> {
+        let mut mark = OwnWaitMark {
+            lane: None,
+            limiters: Vec::new(),
+        };
+        let Some(w) = waiter.and_then(|k| self.jobs.get(k)) else {
+            return Ok(mark);
+        };
+        let lane = Self::lane_of(w.core());
+        let shared: Vec<Limiter> = waited
+            .limiters()
+            .iter()
+            .filter(|l| w.core().limiters().contains(l))
+            .cloned()
+            .collect();
+        if lane == Self::lane_of(waited) {
+            if let Some(l) = self.lanes.get_mut(lane) {
+                if l.own_waiters.saturating_add(1) >= l.limit {
+                    return Err(());
+                }
+            }
+        }
+        for limiter in shared {
+            if !limiter.own_wait_begins() {
+                self.lane_own_wait_ended(mark);
+                return Err(());
+            }
+            mark.limiters.push(limiter);
+        }
+        if lane == Self::lane_of(waited) {
+            if let Some(l) = self.lanes.get_mut(lane) {
+                l.own_waiters += 1;
+                mark.lane = Some(lane);
+            }
+        }
+        Ok(mark)
+    }
+
+    /// Undoes what [`lane_own_wait`](Self::lane_own_wait) counted. The
+    /// waiter still runs in its lane, so the lane is still there.
+    pub(super) fn lane_own_wait_ended(&mut self, mark: OwnWaitMark) {
+        if let Some(l) = mark.lane.and_then(|k| self.lanes.get_mut(k)) {
+            l.own_waiters -= 1;
+        }
+        for limiter in mark.limiters {
+            limiter.own_wait_ended();
         }
     }
 

@@ -93,6 +93,7 @@ mod groups;
 pub(crate) use groups::StoppedJobs;
 mod lanes;
 pub(crate) use lanes::KeyLimits;
+pub(crate) use lanes::OwnWaitMark;
 mod queries;
 mod tombstones;
 mod transitions;
@@ -378,20 +379,29 @@ impl State {
         }
     }
 
-    /// A running function starts waiting for a queued job of this pool;
-    /// `false` (and nothing counted) if then every permit would be held by
-    /// such a wait, so that the queued job could never start.
-    pub(crate) fn own_wait_begins(&mut self) -> bool {
+    /// A running function (of the job `waiter`, this pool's slab key, if
+    /// known) starts waiting for the queued job `waited` of this pool.
+    /// Refused (and nothing counted) if the queued job could then never
+    /// start: every permit of the pool, of its key's lane, or of a limiter
+    /// both jobs need, would be held by a function waiting like this. The
+    /// returned mark undoes the count ([`State::own_wait_ended`]).
+    pub(crate) fn own_wait_begins(
+        &mut self,
+        waiter: Option<crate::slab::Key>,
+        waited: &crate::job_core::JobCore,
+    ) -> Result<OwnWaitMark, ()> {
         if self.own_waiters + 1 >= self.max_in_flight {
-            return false;
+            return Err(());
         }
+        let mark = self.lane_own_wait(waiter, waited)?;
         self.own_waiters += 1;
-        true
+        Ok(mark)
     }
 
     /// A wait counted by [`State::own_wait_begins`] ended.
-    pub(crate) fn own_wait_ended(&mut self) {
+    pub(crate) fn own_wait_ended(&mut self, mark: OwnWaitMark) {
         self.own_waiters -= 1;
+        self.lane_own_wait_ended(mark);
     }
 
     fn room_freed(&self, after: &mut After) {

@@ -6,36 +6,24 @@
 //! under its pool lock, locking its job's limiters in the order of their
 //! ids (so two pools taking overlapping sets cannot deadlock), all or none:
 //! no job holds one limiter's permit while it waits for another's. A pool
-//! whose job could not have a permit joins, in the same critical section of
-//! the limiter, the limiter's queue of *waiting pools*. A permit given back
-//! while pools wait is not left free for whoever asks first: it is
-//! *granted* to the first waiting pool, which goes to the back of the
-//! queue, and only that pool is told (after every lock is released,
-//! `After::limiter_wakes`). So pools sharing a limiter are served in turn,
-//! and a pool whose finishing job gives a permit back cannot take it again
-//! for its next job while another pool waits. A grant readies one lane
-//! blocked on the limiter in that pool; a readied lane that does not use it
-//! passes it on to the next lane blocked on it there, and a pool with no
-//! such lane gives the grant back (state/lanes.rs, L4).
+//! whose job could not have a permit registers itself, in the same critical
+//! section of the limiter, as a *watcher*; a permit given back wakes every
+//! watcher after every lock is released (`After::limiter_wakes`), so no
+//! wake-up is lost between a failed try and the release that follows it.
+//! Each wake-up readies one lane blocked on the limiter in that pool; a
+//! readied lane that does not use the permit passes the wake-up on to the
+//! next (state/lanes.rs, L4).
 //!
 //! # Invariants
 //!
 //! - **M1.** `in_use` changes only under the limiter's lock: `+1` for each
 //!   job that starts holding it (with its pool permit, in `State::start`),
 //!   `-1` when that job's function returned (in `State::finish`). A job
-//!   takes a permit only if its pool holds a grant of the limiter (which it
-//!   then spends) or `in_use + granted < permits`.
-//! - **M2.** A pool that found the limiter full is in its queue of waiting
-//!   pools from that same critical section for as long as it has a lane
-//!   blocked on it, at most once.
-//! - **M3.** `granted` is the sum of the grants pools hold. Whenever a
-//!   permit comes back or the count grows, free permits are granted to
-//!   waiting pools in queue order until none is free or none waits; each
-//!   grant is spent by a start, or given back (by the pool when no lane of
-//!   it wants it, by its `Drop`, or reclaimed once the pool is gone), and a
-//!   given-back grant is granted again in the same way.
+//!   takes a permit only while `in_use < permits`.
+//! - **M2.** A pool that found the limiter full is among its watchers from
+//!   that same critical section for as long as it has a lane blocked on it
+//!   (it leaves when a wake-up finds none).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::sync::Weak;
@@ -84,14 +72,8 @@ struct LimState {
     permits: usize,
     in_use: usize,
     high_water: usize,
-    /// Pools with a lane blocked on this limiter, in the order they are
-    /// served (M2).
-    waiting: VecDeque<Weak<dyn Watcher>>,
-    /// Grants held by pools (M3): permits handed to a waiting pool and not
-    /// yet spent or given back.
-    grants: Vec<(Weak<dyn Watcher>, usize)>,
-    /// Their sum.
-    granted: usize,
+    /// Pools with a lane blocked on this limiter (M2).
+    watchers: Vec<Weak<dyn Watcher>>,
     /// Running functions holding a permit that wait, from inside their
     /// pool, for a queued job of it that needs this limiter too.
     own_waiters: usize,
@@ -99,14 +81,10 @@ struct LimState {
 
 /// A pool that waits for a limiter's permits.
 pub(crate) trait Watcher: Send + Sync {
-    /// The pool was granted `n` permits of `limiter` (called after every
-    /// lock is released).
+    /// `n` permits of `limiter` were given back (called after every lock
+    /// is released).
     fn limiter_freed(&self, limiter: &Limiter, n: usize);
 }
-
-/// Pools to tell, after unlocking, that they were granted a permit of a
-/// limiter (one entry per grant).
-pub(crate) type Wake = (Limiter, Vec<Weak<dyn Watcher>>);
 
 /// A snapshot of a [`Limiter`]'s counts, from [`Limiter::stats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,10 +99,6 @@ pub struct LimiterStats {
     pub waiting: usize,
     /// The most permits ever held at once.
     pub high_water: usize,
-    /// Pools with a queued job that found no permit and waits for one.
-    /// Pools are served in turn: a permit given back while pools wait goes
-    /// to the one that waited longest.
-    pub pools_waiting: usize,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -141,9 +115,7 @@ impl Limiter {
                     permits,
                     in_use: 0,
                     high_water: 0,
-                    waiting: VecDeque::new(),
-                    grants: Vec::new(),
-                    granted: 0,
+                    watchers: Vec::new(),
                     own_waiters: 0,
                 }),
                 waiting: AtomicUsize::new(0),
@@ -161,9 +133,16 @@ impl Limiter {
     /// assert_eq!(db.permits(), 3);
     /// ```
     pub fn set_permits(&self, permits: usize) {
-        let mut granted = Vec::new();
-        self.lock().set_permits(permits, &mut granted);
-        self.wake(&granted);
+        let (watchers, free) = {
+            let mut s = self.lock();
+            let before = s.permits.saturating_sub(s.in_use);
+            s.permits = permits;
+            let free = s.permits.saturating_sub(s.in_use);
+            (s.watchers.clone(), free.saturating_sub(before))
+        };
+        if free > 0 {
+            self.wake(&watchers, free);
+        }
     }
 
     /// Its number of permits.
@@ -180,7 +159,6 @@ impl Limiter {
             // ORDERING: a metric.
             waiting: self.shared.waiting.load(StdOrdering::Relaxed),
             high_water: s.high_water,
-            pools_waiting: s.waiting.iter().filter(|w| w.strong_count() > 0).count(),
         }
     }
 
@@ -205,12 +183,12 @@ impl Limiter {
         }
     }
 
-    /// Tells each pool of `granted` of its grant (after every lock is
-    /// released).
-    pub(crate) fn wake(&self, granted: &[Weak<dyn Watcher>]) {
-        for w in granted {
+    /// Tells the watchers that `n` permits were given back (after every
+    /// lock is released).
+    pub(crate) fn wake(&self, watchers: &[Weak<dyn Watcher>], n: usize) {
+        for w in watchers {
             if let Some(pool) = w.upgrade() {
-                pool.limiter_freed(self, 1);
+                pool.limiter_freed(self, n);
             }
         }
     }
@@ -233,29 +211,17 @@ impl Limiter {
         s.own_waiters = s.own_waiters.saturating_sub(1);
     }
 
-    /// `pool` has no lane blocked on this limiter any more: it leaves the
-    /// queue of waiting pools (M2) and gives back up to `give_back` of its
-    /// grants, which go to the next waiting pools (M3); adds them to
-    /// `wakes`.
-    pub(crate) fn leave(&self, pool: &Weak<dyn Watcher>, give_back: usize, wakes: &mut Vec<Wake>) {
-        let mut granted = Vec::new();
-        {
-            let mut s = self.lock();
-            s.waiting.retain(|w| !Weak::ptr_eq(w, pool));
-            if give_back > 0 && s.give_back(pool, give_back) {
-                s.dispense(&mut granted);
-            }
-        }
-        if !granted.is_empty() {
-            wakes.push((self.clone(), granted));
-        }
+    /// Stops watching for `pool` (it has no lane blocked on this limiter).
+    pub(crate) fn unwatch(&self, pool: &Weak<dyn Watcher>) {
+        self.lock()
+            .watchers
+            .retain(|w| w.strong_count() > 0 && !Weak::ptr_eq(w, pool));
     }
 }
 
 /// Takes one permit of each of `limiters` (sorted by id, no repeats),
-/// locking them in that order, all or none (M1), spending `pool`'s grants
-/// where it holds one. On failure, puts `pool` in the queue of the first
-/// full one (M2) and returns it.
+/// locking them in that order, all or none (M1). On failure, registers
+/// `pool` as a watcher of the first full one (M2) and returns it.
 pub(crate) fn try_acquire_all(
     limiters: &[Limiter],
     pool: &Weak<dyn Watcher>,
@@ -263,11 +229,11 @@ pub(crate) fn try_acquire_all(
     // One limiter, the common case: no guard list to allocate.
     if let [l] = limiters {
         let mut s = l.lock();
-        if !s.may_take(pool) {
+        if s.in_use >= s.permits {
             s.watch(pool);
             return Err(l.clone());
         }
-        s.take_one(pool);
+        s.take_one();
         drop(s);
         l.count_waiting(false);
         return Ok(());
@@ -275,136 +241,49 @@ pub(crate) fn try_acquire_all(
     let mut held: Vec<MutexGuard<'_, LimState>> = Vec::with_capacity(limiters.len());
     for l in limiters {
         let mut s = l.lock();
-        if !s.may_take(pool) {
+        if s.in_use >= s.permits {
             s.watch(pool);
             return Err(l.clone());
         }
         held.push(s);
     }
     for (s, l) in held.iter_mut().zip(limiters) {
-        s.take_one(pool);
+        s.take_one();
         l.count_waiting(false);
     }
     Ok(())
 }
 
 impl LimState {
-    /// Permits neither held nor granted.
-    fn free(&self) -> usize {
-        self.permits
-            .saturating_sub(self.in_use.saturating_add(self.granted))
-    }
-
-    /// How many grants `pool` holds.
-    fn grants_of(&self, pool: &Weak<dyn Watcher>) -> usize {
-        self.grants
-            .iter()
-            .find(|(w, _)| Weak::ptr_eq(w, pool))
-            .map_or(0, |&(_, n)| n)
-    }
-
-    /// M1: whether `pool` may take a permit now: it holds a grant, or a
-    /// permit is neither held nor granted. Grants of pools that are gone
-    /// are reclaimed first when nothing else is free.
-    fn may_take(&mut self, pool: &Weak<dyn Watcher>) -> bool {
-        if self.grants_of(pool) > 0 || self.free() > 0 {
-            return true;
-        }
-        self.reclaim_gone();
-        self.free() > 0
-    }
-
-    /// M1: one permit taken by `pool`, spending a grant if it holds one.
-    fn take_one(&mut self, pool: &Weak<dyn Watcher>) {
-        self.give_back(pool, 1);
+    /// M1: one permit taken.
+    fn take_one(&mut self) {
         self.in_use += 1;
         self.high_water = self.high_water.max(self.in_use);
     }
 
-    /// M3: `pool` gives back up to `n` of its grants; `true` if it held
-    /// any.
-    fn give_back(&mut self, pool: &Weak<dyn Watcher>, n: usize) -> bool {
-        let Some(i) = self.grants.iter().position(|(w, _)| Weak::ptr_eq(w, pool)) else {
-            return false;
-        };
-        let entry = &mut self.grants[i].1;
-        let back = n.min(*entry);
-        *entry -= back;
-        self.granted -= back;
-        if *entry == 0 {
-            self.grants.swap_remove(i);
-        }
-        back > 0
-    }
-
-    /// M3: the grants of pools that are gone come back.
-    fn reclaim_gone(&mut self) {
-        let mut back = 0;
-        self.grants.retain(|(w, n)| {
-            let gone = w.strong_count() == 0;
-            if gone {
-                back += n;
-            }
-            !gone
-        });
-        self.granted -= back;
-    }
-
-    /// M3: grants free permits to waiting pools, first waiting first; each
-    /// pool served goes to the back of the queue. Adds one entry per grant
-    /// to `granted`.
-    fn dispense(&mut self, granted: &mut Vec<Weak<dyn Watcher>>) {
-        if self.waiting.is_empty() {
-            return;
-        }
-        self.reclaim_gone();
-        while self.free() > 0 {
-            let Some(pool) = self.waiting.pop_front() else {
-                break;
-            };
-            if pool.strong_count() == 0 {
-                // A pool that is gone leaves the queue.
-                continue;
-            }
-            match self.grants.iter_mut().find(|(w, _)| Weak::ptr_eq(w, &pool)) {
-                Some((_, n)) => *n += 1,
-                None => self.grants.push((pool.clone(), 1)),
-            }
-            self.granted += 1;
-            granted.push(pool.clone());
-            self.waiting.push_back(pool);
-        }
-    }
-
-    /// M2: `pool` found no permit; it waits from now on, once.
+    /// M2: `pool` found no permit; it watches from now on.
     fn watch(&mut self, pool: &Weak<dyn Watcher>) {
-        if !self.waiting.iter().any(|w| Weak::ptr_eq(w, pool)) {
-            // Pools gone since they joined leave here.
-            self.waiting.retain(|w| w.strong_count() > 0);
-            self.waiting.push_back(pool.clone());
+        if !self.watchers.iter().any(|w| Weak::ptr_eq(w, pool)) {
+            // Pools gone since they registered leave here.
+            self.watchers.retain(|w| w.strong_count() > 0);
+            self.watchers.push(pool.clone());
         }
-    }
-
-    /// A new count of permits; an increase is granted to waiting pools.
-    fn set_permits(&mut self, permits: usize, granted: &mut Vec<Weak<dyn Watcher>>) {
-        self.permits = permits;
-        self.dispense(granted);
     }
 }
 
-/// Gives back one permit of each of `limiters` (M1) and grants it to the
-/// first waiting pool, if any (M3); adds the pools to tell after
-/// unlocking.
+/// Watchers to tell, after unlocking, that a permit of a limiter is free.
+pub(crate) type Wake = (Limiter, Vec<Weak<dyn Watcher>>);
+
+/// Gives back one permit of each of `limiters` (M1); adds the watchers to
+/// tell after unlocking.
 pub(crate) fn release_all(limiters: &[Limiter], wakes: &mut Vec<Wake>) {
     for l in limiters {
-        let mut granted = Vec::new();
-        {
-            let mut s = l.lock();
-            s.in_use = s.in_use.saturating_sub(1);
-            s.dispense(&mut granted);
-        }
-        if !granted.is_empty() {
-            wakes.push((l.clone(), granted));
+        let mut s = l.lock();
+        s.in_use = s.in_use.saturating_sub(1);
+        if s.in_use < s.permits && !s.watchers.is_empty() {
+            let watchers = s.watchers.clone();
+            drop(s);
+            wakes.push((l.clone(), watchers));
         }
     }
 }
@@ -424,7 +303,6 @@ impl fmt::Debug for Limiter {
             .field("in_use", &s.in_use)
             .field("waiting", &s.waiting)
             .field("high_water", &s.high_water)
-            .field("pools_waiting", &s.pools_waiting)
             .finish()
     }
 }

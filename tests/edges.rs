@@ -520,30 +520,26 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
 
     // Two permits: the first such wait is fine (the other permit can run
     // the job); the second, which would hold the last permit, is refused.
-    // Which of the two outer jobs waits first is up to the scheduler (each
-    // signals before it waits), so the test asks for exactly one refusal.
+    // Both outer jobs run (holding both permits) before either offloads its
+    // inner job, which then stays queued; which of the two waits first is
+    // up to the scheduler, so the test asks for exactly one refusal.
     let pool = Offloader::builder().max_in_flight(2).build().unwrap();
     let (g, hold) = gate();
     let (tx, mut started) = signal();
-    let p = pool.clone();
-    let first = pool
-        .offload(move |_| {
-            let inner = p.offload(|_| 1).spawn().unwrap();
+    let outer = |n: i32| {
+        let (p, hold, tx) = (pool.clone(), hold.clone(), tx.clone());
+        pool.offload(move |_| {
             tx.send(()).unwrap();
-            inner.blocking_wait().map_err(|e| e.to_string())
-        })
-        .spawn()
-        .unwrap();
-    let p = pool.clone();
-    let second = pool
-        .offload(move |_| {
             hold.wait();
-            let inner = p.offload(|_| 2).spawn().unwrap();
+            let inner = p.offload(move |_| n).spawn().unwrap();
             inner.blocking_wait().map_err(|e| e.to_string())
         })
         .spawn()
-        .unwrap();
-    recv("first spawned its inner job", &mut started).await;
+        .unwrap()
+    };
+    let (first, second) = (outer(1), outer(2));
+    recv("the first outer job runs", &mut started).await;
+    recv("the second outer job runs", &mut started).await;
     g.open();
     let second = within("second", second).await.unwrap();
     let first = within("first", first).await.unwrap();

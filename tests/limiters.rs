@@ -402,89 +402,6 @@ async fn a_pool_that_stops_watching_leaves_the_others_watching() {
     assert_eq!(within("q's job, woken", on_q).await.unwrap(), "q");
 }
 
-/// Pools sharing a limiter are served in turn (limiter.rs M3): a pool whose
-/// finishing job gives a permit back cannot take it again for its next job
-/// while another pool waits for it. Before grants, pool `a` re-took the
-/// permit in the same critical section that gave it back, and `b`'s job
-/// waited behind all 20 of `a`'s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permit_given_back_goes_to_the_pool_that_waited_not_back_to_its_own() {
-    let l = Limiter::new(1);
-    let (a, b) = (pool(1, 64), pool(1, 4));
-    let log = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (gate, hold) = gate();
-    let (tx, mut started) = signal();
-    let first = limited(&a, &[&l], "a0", &Concurrency::default(), &hold, &tx);
-    recv("a0", &mut started).await;
-    let rest: Vec<_> = (1..=20)
-        .map(|i| {
-            let log = log.clone();
-            a.offload(move |_| log.lock().unwrap().push(format!("a{i}")))
-                .limiter(&l)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let on_b = {
-        let log = log.clone();
-        b.offload(move |_| log.lock().unwrap().push("b".into()))
-            .limiter(&l)
-            .spawn()
-            .unwrap()
-    };
-    // b's limited lane comes first in its ring: once a later unlimited job
-    // of b ran, b's start found the limiter full and b waits for it.
-    within("a job on b", b.offload(|_| ())).await.unwrap();
-    assert_eq!(l.stats().pools_waiting, 1, "{:?}", l.stats());
-    gate.open();
-    within("a0", first).await.unwrap();
-    for job in rest {
-        within("a's jobs", job).await.unwrap();
-    }
-    within("b's job", on_b).await.unwrap();
-    let log = log.lock().unwrap();
-    let at = log.iter().position(|s| s == "b");
-    assert_eq!(at, Some(0), "b's job waited behind a's: {log:?}");
-    let s = l.stats();
-    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
-}
-
-/// A grant its pool cannot use goes on to the next waiting pool (M3): `p`
-/// is granted the permit first, but its readied job is cancelled before it
-/// can start (p's own permit is busy); `q`'s job then gets the permit.
-/// Without the give-back, q's job would wait for good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_its_pool_cannot_use_goes_to_the_next_waiting_pool() {
-    let l = Limiter::new(1);
-    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
-    let (p, q) = (pool(1, 4), pool(1, 4));
-    let on_p = p.offload(|_| "p").limiter(&l).spawn().unwrap();
-    // p's limited lane was tried first, found the limiter full, and p waits;
-    // this job then takes p's only permit and keeps it.
-    let (p_gate, p_hold) = gate();
-    let (tx, mut started) = signal();
-    let busy = limited(&p, &[], "busy", &Concurrency::default(), &p_hold, &tx);
-    recv("p's busy job", &mut started).await;
-    let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
-    within("a job on q", q.offload(|_| ())).await.unwrap();
-    assert_eq!(l.stats().pools_waiting, 2);
-    holder_gate.open();
-    within("the holder", holder).await.unwrap();
-    // p, first in line, is granted the permit and leaves the line.
-    eventually("p granted the permit", || l.stats().pools_waiting == 1).await;
-    assert_eq!(on_p.state(), JobState::Queued);
-    assert!(on_p.cancel(), "p's job could not start: p's permit is busy");
-    assert_eq!(within("q's job", on_q).await.unwrap(), "q");
-    p_gate.open();
-    within("p's busy job", busy).await.unwrap();
-    let s = l.stats();
-    assert_eq!(
-        (s.in_use, s.high_water, s.pools_waiting),
-        (0, 1, 0),
-        "{s:?}"
-    );
-}
-
 /// A function holding a limiter's last permit that blocking-waits for a
 /// queued job of its pool needing the same limiter fails at once with
 /// `WouldDeadlock` instead of hanging (the pool has permits to spare); with
@@ -514,4 +431,80 @@ async fn waiting_for_a_queued_job_needing_a_limiter_it_holds_cannot_deadlock() {
         let s = l.stats();
         assert_eq!((s.in_use, s.waiting), (0, 0), "{s:?}");
     }
+}
+
+/// A limiter's free permit goes to whichever job can start, never to a pool
+/// that cannot use it: pool `p`'s job waiting for the limiter is first in
+/// line, but `p`'s only permit is held by a function that waits for a job
+/// of pool `q` needing the same limiter. That job takes the permit, and
+/// everything finishes. (A fairness scheme that reserved the permit for
+/// `p`, tried and reverted in this issue, deadlocked here: found by a
+/// hostile review.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_permit_goes_to_a_job_that_can_start_not_to_a_full_pool() {
+    let l = Limiter::new(1);
+    let (p, q) = (pool(1, 4), pool(2, 4));
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let first_in_line = p.offload(|_| "a").limiter(&l).spawn().unwrap();
+    let (q2, l2) = (q.clone(), l.clone());
+    let (tx, mut started) = signal();
+    let nested = p
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            q2.offload(|_| "y")
+                .limiter(&l2)
+                .spawn()
+                .unwrap()
+                .blocking_wait()
+        })
+        .spawn()
+        .unwrap();
+    // The nested job runs on p's only permit: p's worker tried the limited
+    // lane first (it is first in the ring) and found the limiter full.
+    recv("the nested job", &mut started).await;
+    holder_gate.open();
+    within("the holder", holder).await.unwrap();
+    assert_eq!(
+        within("the nested job", nested).await.unwrap().unwrap(),
+        "y"
+    );
+    assert_eq!(within("p's limited job", first_in_line).await.unwrap(), "a");
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.high_water), (0, 0, 1), "{s:?}");
+}
+
+/// The same without nesting: while pool `p` (first in line for the limiter)
+/// has its only permit busy with an unrelated job, a job of pool `q` that
+/// needs the limiter takes its free permit at once instead of idling until
+/// `p` has room; and `set_permits(0)` keeps every job that has not started
+/// from starting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_permit_is_not_held_for_a_busy_pool() {
+    let l = Limiter::new(1);
+    let (p, q) = (pool(1, 4), pool(2, 4));
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let on_p = p.offload(|_| "p").limiter(&l).spawn().unwrap();
+    let (busy_gate, busy_hold) = gate();
+    let (tx, mut started) = signal();
+    let busy = limited(&p, &[], "busy", &Concurrency::default(), &busy_hold, &tx);
+    recv("p's busy job", &mut started).await;
+    holder_gate.open();
+    within("the holder", holder).await.unwrap();
+    let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
+    assert_eq!(
+        within("q's job, with p still busy", on_q).await.unwrap(),
+        "q"
+    );
+    assert_eq!(on_p.state(), JobState::Queued);
+    l.set_permits(0);
+    busy_gate.open();
+    within("p's busy job", busy).await.unwrap();
+    within("a later job on p", p.offload(|_| ())).await.unwrap();
+    assert_eq!(
+        on_p.state(),
+        JobState::Queued,
+        "no permit: it must not start"
+    );
+    l.set_permits(1);
+    assert_eq!(within("p's limited job", on_p).await.unwrap(), "p");
 }

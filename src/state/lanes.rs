@@ -50,9 +50,9 @@ pub(super) struct Lane {
     in_ring: bool,
     /// The limiter (by id) whose list of blocked lanes this lane is in.
     blocked_on: Option<u64>,
-    /// A grant of this limiter readied the lane: if the lane does not use
-    /// it, the grant passes on (L4).
-    woken_by: Option<Limiter>,
+    /// A freed permit of this limiter readied the lane: if the lane does
+    /// not use it, the wake-up passes on (L4).
+    woken_by: Option<u64>,
     /// Its share of `State::startable_queued`: the jobs a free permit
     /// would start now (L5).
     contrib: usize,
@@ -222,7 +222,8 @@ impl State {
                     continue;
                 }
             }
-            let passed = lane.woken_by.take().filter(|w| !limiters.contains(w));
+            let uses = |id: u64| limiters.iter().any(|l| l.id() == id);
+            let passed = lane.woken_by.take().filter(|&id| !uses(id));
             self.jobs.unlink(&mut lane.jobs, key);
             lane.queued -= 1;
             lane.running += 1;
@@ -232,8 +233,8 @@ impl State {
                 self.lanes.unlink(&mut self.ring, lane_key);
             }
             self.lane_update(lane_key, after);
-            if let Some(limiter) = passed {
-                self.pass_on(&limiter, after);
+            if let Some(id) = passed {
+                self.pass_wake(id, after);
             }
             return Some(key);
         }
@@ -254,75 +255,61 @@ impl State {
         let in_ring = std::mem::take(&mut lane.in_ring);
         lane.blocked_on = Some(id);
         self.startable_queued -= std::mem::take(&mut lane.contrib);
-        let woken = lane.woken_by.take().filter(|w| w.id() != id);
+        let woken = lane.woken_by.take().filter(|&w| w != id);
         if in_ring {
             self.lanes.unlink(&mut self.ring, lane_key);
         }
         self.lanes.push_back(&mut entry.lanes, lane_key);
         if let Some(woken) = woken {
-            self.pass_on(&woken, after);
+            self.pass_wake(woken, after);
         }
     }
 
     /// Takes `lane` out of the list of lanes blocked on limiter `id`; once
-    /// none is left, leaves the limiter's queue (M2) and lets go of it.
-    fn unblock(&mut self, lane: Key, id: u64, after: &mut After) {
+    /// none is left, stops watching the limiter and lets go of it.
+    fn unblock(&mut self, lane: Key, id: u64) {
         let Some(b) = self.limited.get_mut(&id) else {
             return;
         };
         self.lanes.unlink(&mut b.lanes, lane);
         if b.lanes.is_empty() {
-            self.stop_waiting(id, 0, after);
-        }
-    }
-
-    /// This pool has no lane blocked on limiter `id` any more: it leaves
-    /// the limiter's queue (M2), giving back up to `give_back` grants (M3).
-    fn stop_waiting(&mut self, id: u64, give_back: usize, after: &mut After) {
-        if let Some(b) = self.limited.remove(&id) {
-            b.limiter
-                .leave(&self.watcher, give_back, &mut after.limiter_wakes);
-        }
-    }
-
-    /// This pool was granted `n` permits of `limiter` (M3): readies up to
-    /// `n` lanes blocked on it, first blocked first (L4), and gives back the
-    /// grants no lane is left to use.
-    pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, n: usize, after: &mut After) {
-        for i in 0..n {
-            if !self.pass_wake(limiter, after) {
-                limiter.leave(&self.watcher, n - i, &mut after.limiter_wakes);
-                return;
+            if let Some(b) = self.limited.remove(&id) {
+                b.limiter.unwatch(&self.watcher);
             }
         }
     }
 
-    /// A lane readied by `limiter`'s grant does not use it: the next lane
-    /// blocked on it is readied instead, or the grant goes back (L4, M3).
-    fn pass_on(&mut self, limiter: &Limiter, after: &mut After) {
-        if !self.pass_wake(limiter, after) {
-            limiter.leave(&self.watcher, 1, &mut after.limiter_wakes);
+    /// `n` permits of `limiter` came back: readies up to `n` lanes blocked
+    /// on it, first blocked first (L4); stops watching it if none is left.
+    pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, n: usize, after: &mut After) {
+        for _ in 0..n {
+            if !self.pass_wake(limiter.id(), after) {
+                break;
+            }
+        }
+        let empty = self
+            .limited
+            .get(&limiter.id())
+            .is_none_or(|b| b.lanes.is_empty());
+        if empty {
+            if let Some(b) = self.limited.remove(&limiter.id()) {
+                b.limiter.unwatch(&self.watcher);
+            }
         }
     }
 
-    /// Readies the first lane blocked on `limiter`, marked as woken by it
-    /// (L4); `false` if none is blocked on it. The pool leaves the
-    /// limiter's queue once it has no lane blocked on it (M2).
-    fn pass_wake(&mut self, limiter: &Limiter, after: &mut After) -> bool {
-        let id = limiter.id();
+    /// Readies the first lane blocked on limiter `id`, marked as woken by
+    /// it (L4); `false` if none is blocked on it.
+    fn pass_wake(&mut self, id: u64, after: &mut After) -> bool {
         let Some(b) = self.limited.get_mut(&id) else {
             return false;
         };
         let Some(lane_key) = self.lanes.pop_front(&mut b.lanes) else {
-            self.stop_waiting(id, 0, after);
             return false;
         };
-        if b.lanes.is_empty() {
-            self.stop_waiting(id, 0, after);
-        }
         if let Some(lane) = self.lanes.get_mut(lane_key) {
             lane.blocked_on = None;
-            lane.woken_by = Some(limiter.clone());
+            lane.woken_by = Some(id);
         }
         self.lane_update(lane_key, after);
         after.find_worker = true;
@@ -354,7 +341,7 @@ impl State {
         // The lane's front job may have changed: a blocked lane tries again,
         // which needs a worker to look.
         if let Some(id) = l.blocked_on.take() {
-            self.unblock(lane, id, after);
+            self.unblock(lane, id);
             after.find_worker = true;
         }
         self.lane_update(lane, after);
@@ -386,7 +373,7 @@ impl State {
         }
         if lane.queued == 0 || self.draining {
             if let Some(id) = lane.blocked_on.take() {
-                self.unblock(lane_key, id, after);
+                self.unblock(lane_key, id);
                 let Some(again) = self.lanes.get_mut(lane_key) else {
                     return;
                 };
@@ -432,8 +419,8 @@ impl State {
             // for room may fit now.
             self.room_freed(after);
         }
-        if let Some(limiter) = passed {
-            self.pass_on(&limiter, after);
+        if let Some(id) = passed {
+            self.pass_wake(id, after);
         }
     }
 
@@ -544,28 +531,5 @@ impl State {
         });
         all.truncate(n);
         all
-    }
-}
-
-impl Drop for State {
-    /// M3: a pool that goes away gives back the grants it holds and leaves
-    /// its limiters' queues, so that pools waiting on the same limiters are
-    /// not left waiting for permits nobody will spend.
-    fn drop(&mut self) {
-        let mut wakes = Vec::new();
-        for (_, b) in self.limited.drain() {
-            b.limiter.leave(&self.watcher, usize::MAX, &mut wakes);
-        }
-        let woken: Vec<Limiter> = self
-            .lanes
-            .values()
-            .filter_map(|l| l.woken_by.clone())
-            .collect();
-        for limiter in woken {
-            limiter.leave(&self.watcher, usize::MAX, &mut wakes);
-        }
-        for (limiter, granted) in wakes {
-            limiter.wake(&granted);
-        }
     }
 }

@@ -6,25 +6,48 @@
 //! under its pool lock, locking its job's limiters in the order of their
 //! ids (so two pools taking overlapping sets cannot deadlock), all or none:
 //! no job holds one limiter's permit while it waits for another's. A pool
-//! whose job could not have a permit registers itself, in the same critical
-//! section of the limiter, as a *watcher*; a permit given back wakes every
-//! watcher after every lock is released (`After::limiter_wakes`), so no
-//! wake-up is lost between a failed try and the release that follows it.
-//! Each wake-up readies one lane blocked on the limiter in that pool; a
-//! readied lane that does not use the permit passes the wake-up on to the
-//! next (state/lanes.rs, L4).
+//! whose job could not have a permit joins, in the same critical section of
+//! the limiter, the limiter's queue of *waiting pools*. A permit given back
+//! while pools wait is not left free for whoever asks first — the releasing
+//! worker would ask first, in the same critical section, for its own pool's
+//! next job, and starve every other pool. It is *granted* to the first
+//! waiting pool that can use it, which goes to the back of the queue, and
+//! only that pool is told (after every lock is released,
+//! `After::limiter_wakes`). A pool can use a grant only if it has a pool
+//! permit for it: one whose permits are all busy (or promised to grants it
+//! already has) gives the grant back at once and *declines* further grants
+//! until one of its permits frees, so a permit is never held for a pool
+//! that cannot start a job with it (which would idle it, and deadlock a
+//! function of that pool waiting for another pool's job needing it). With
+//! no pool able to use it, a permit stays free for whoever asks. A granted
+//! pool readies one lane blocked on the limiter, at the front of its ring,
+//! so its next start spends the grant; a readied lane that does not use it
+//! passes it on to the next lane blocked on it there, and a pool with no
+//! such lane gives it back (state/lanes.rs, L4).
 //!
 //! # Invariants
 //!
 //! - **M1.** `in_use` changes only under the limiter's lock: `+1` for each
 //!   job that starts holding it (with its pool permit, in `State::start`),
 //!   `-1` when that job's function returned (in `State::finish`). A job
-//!   takes a permit only while `in_use < permits`.
-//! - **M2.** A pool that found the limiter full is among its watchers from
-//!   that same critical section for as long as it has a lane blocked on it
-//!   (it leaves when a wake-up finds none).
+//!   takes a permit only if its pool holds a grant of the limiter and
+//!   `in_use < permits` (it spends the grant), or `in_use + granted <
+//!   permits`.
+//! - **M2.** A pool that found the limiter full is in its queue of waiting
+//!   pools from that same critical section for as long as it has a lane
+//!   blocked on it, at most once.
+//! - **M3.** `granted` is the sum of the grants pools hold, and never more
+//!   than `permits - in_use` (a decrease of `permits` revokes the excess).
+//!   Whenever a permit comes back, the count grows, a grant is given back
+//!   or a pool stops declining, free permits are granted to waiting pools
+//!   that do not decline, in queue order, until none is free or none is
+//!   left. Each grant is spent by a start, or given back (by a pool with no
+//!   lane or no permit to use it, by its `Drop`, or reclaimed once the pool
+//!   is gone).
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::sync::Weak;
 
@@ -72,19 +95,69 @@ struct LimState {
     permits: usize,
     in_use: usize,
     high_water: usize,
-    /// Pools with a lane blocked on this limiter (M2).
-    watchers: Vec<Weak<dyn Watcher>>,
+    /// Pools with a lane blocked on this limiter, in the order they are
+    /// served (M2).
+    waiting: VecDeque<PoolRef>,
+    /// Grants held by pools (M3): permits handed to a waiting pool and not
+    /// yet spent or given back.
+    grants: Vec<(PoolRef, usize)>,
+    /// Their sum.
+    granted: usize,
     /// Running functions holding a permit that wait, from inside their
     /// pool, for a queued job of it that needs this limiter too.
     own_waiters: usize,
 }
 
+/// A pool as a limiter sees it: a weak reference (a limiter never keeps a
+/// pool alive) and whether it declines grants now (M3), readable without
+/// reaching the pool.
+#[derive(Clone)]
+pub(crate) struct PoolRef {
+    pub(crate) weak: Weak<dyn Watcher>,
+    pub(crate) declines: std::sync::Arc<AtomicBool>,
+}
+
+impl PoolRef {
+    pub(crate) fn new(weak: Weak<dyn Watcher>) -> PoolRef {
+        PoolRef {
+            weak,
+            declines: std::sync::Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn is(&self, other: &PoolRef) -> bool {
+        Weak::ptr_eq(&self.weak, &other.weak)
+    }
+
+    fn is_gone(&self) -> bool {
+        self.weak.strong_count() == 0
+    }
+
+    /// May be granted a permit now: alive and not declining.
+    fn takes_grants(&self) -> bool {
+        // ORDERING: a hint, set and cleared under the pool's lock; a stale
+        // read grants to a pool that then gives the grant back, or skips
+        // one that the next dispense (when it stops declining) serves.
+        !self.is_gone() && !self.declines.load(StdOrdering::Relaxed)
+    }
+
+    /// Starts or stops declining grants (under the pool's lock).
+    pub(crate) fn set_declines(&self, on: bool) {
+        // ORDERING: see `takes_grants`.
+        self.declines.store(on, StdOrdering::Relaxed);
+    }
+}
+
 /// A pool that waits for a limiter's permits.
 pub(crate) trait Watcher: Send + Sync {
-    /// `n` permits of `limiter` were given back (called after every lock
-    /// is released).
+    /// The pool was granted `n` permits of `limiter` (called after every
+    /// lock is released).
     fn limiter_freed(&self, limiter: &Limiter, n: usize);
 }
+
+/// Pools to tell, after unlocking, that they were granted a permit of a
+/// limiter (one entry per grant).
+pub(crate) type Wake = (Limiter, Vec<PoolRef>);
 
 /// A snapshot of a [`Limiter`]'s counts, from [`Limiter::stats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +172,10 @@ pub struct LimiterStats {
     pub waiting: usize,
     /// The most permits ever held at once.
     pub high_water: usize,
+    /// Pools with a queued job that found no permit and waits for one.
+    /// Pools are served in turn: a permit given back while pools wait goes
+    /// to the one that waited longest.
+    pub pools_waiting: usize,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -115,7 +192,9 @@ impl Limiter {
                     permits,
                     in_use: 0,
                     high_water: 0,
-                    watchers: Vec::new(),
+                    waiting: VecDeque::new(),
+                    grants: Vec::new(),
+                    granted: 0,
                     own_waiters: 0,
                 }),
                 waiting: AtomicUsize::new(0),
@@ -133,16 +212,9 @@ impl Limiter {
     /// assert_eq!(db.permits(), 3);
     /// ```
     pub fn set_permits(&self, permits: usize) {
-        let (watchers, free) = {
-            let mut s = self.lock();
-            let before = s.permits.saturating_sub(s.in_use);
-            s.permits = permits;
-            let free = s.permits.saturating_sub(s.in_use);
-            (s.watchers.clone(), free.saturating_sub(before))
-        };
-        if free > 0 {
-            self.wake(&watchers, free);
-        }
+        let mut granted = Vec::new();
+        self.lock().set_permits(permits, &mut granted);
+        self.wake(&granted);
     }
 
     /// Its number of permits.
@@ -159,6 +231,7 @@ impl Limiter {
             // ORDERING: a metric.
             waiting: self.shared.waiting.load(StdOrdering::Relaxed),
             high_water: s.high_water,
+            pools_waiting: s.waiting.iter().filter(|w| !w.is_gone()).count(),
         }
     }
 
@@ -183,12 +256,12 @@ impl Limiter {
         }
     }
 
-    /// Tells the watchers that `n` permits were given back (after every
-    /// lock is released).
-    pub(crate) fn wake(&self, watchers: &[Weak<dyn Watcher>], n: usize) {
-        for w in watchers {
-            if let Some(pool) = w.upgrade() {
-                pool.limiter_freed(self, n);
+    /// Tells each pool of `granted` of its grant (after every lock is
+    /// released).
+    pub(crate) fn wake(&self, granted: &[PoolRef]) {
+        for w in granted {
+            if let Some(pool) = w.weak.upgrade() {
+                pool.limiter_freed(self, 1);
             }
         }
     }
@@ -211,29 +284,58 @@ impl Limiter {
         s.own_waiters = s.own_waiters.saturating_sub(1);
     }
 
-    /// Stops watching for `pool` (it has no lane blocked on this limiter).
-    pub(crate) fn unwatch(&self, pool: &Weak<dyn Watcher>) {
-        self.lock()
-            .watchers
-            .retain(|w| w.strong_count() > 0 && !Weak::ptr_eq(w, pool));
+    /// `pool` has no lane blocked on this limiter any more: it leaves the
+    /// queue of waiting pools (M2) and gives back up to `give_back` of its
+    /// grants, which go to the next waiting pools (M3); adds them to
+    /// `wakes`.
+    pub(crate) fn leave(&self, pool: &PoolRef, give_back: usize, wakes: &mut Vec<Wake>) {
+        self.update(wakes, |s| {
+            s.waiting.retain(|w| !w.is(pool));
+            give_back > 0 && s.give_back(pool, give_back)
+        });
+    }
+
+    /// `pool`, which declines grants now, gives back `n` of its grants and
+    /// stays in line (M3); adds the pools they go to to `wakes`.
+    pub(crate) fn decline(&self, pool: &PoolRef, n: usize, wakes: &mut Vec<Wake>) {
+        self.update(wakes, |s| s.give_back(pool, n));
+    }
+
+    /// A pool stopped declining: free permits go to waiting pools again
+    /// (M3); adds them to `wakes`.
+    pub(crate) fn redispense(&self, wakes: &mut Vec<Wake>) {
+        self.update(wakes, |_| true);
+    }
+
+    /// Runs `change` under the lock and, if it says so, grants free permits
+    /// to waiting pools; adds them to `wakes`.
+    fn update(&self, wakes: &mut Vec<Wake>, change: impl FnOnce(&mut LimState) -> bool) {
+        let mut granted = Vec::new();
+        {
+            let mut s = self.lock();
+            if change(&mut s) {
+                s.dispense(&mut granted);
+            }
+        }
+        if !granted.is_empty() {
+            wakes.push((self.clone(), granted));
+        }
     }
 }
 
 /// Takes one permit of each of `limiters` (sorted by id, no repeats),
-/// locking them in that order, all or none (M1). On failure, registers
-/// `pool` as a watcher of the first full one (M2) and returns it.
-pub(crate) fn try_acquire_all(
-    limiters: &[Limiter],
-    pool: &Weak<dyn Watcher>,
-) -> Result<(), Limiter> {
+/// locking them in that order, all or none (M1), spending `pool`'s grants
+/// where it holds one. On failure, puts `pool` in the queue of the first
+/// full one (M2) and returns it.
+pub(crate) fn try_acquire_all(limiters: &[Limiter], pool: &PoolRef) -> Result<(), Limiter> {
     // One limiter, the common case: no guard list to allocate.
     if let [l] = limiters {
         let mut s = l.lock();
-        if s.in_use >= s.permits {
+        if !s.may_take(pool) {
             s.watch(pool);
             return Err(l.clone());
         }
-        s.take_one();
+        s.take_one(pool);
         drop(s);
         l.count_waiting(false);
         return Ok(());
@@ -241,49 +343,155 @@ pub(crate) fn try_acquire_all(
     let mut held: Vec<MutexGuard<'_, LimState>> = Vec::with_capacity(limiters.len());
     for l in limiters {
         let mut s = l.lock();
-        if s.in_use >= s.permits {
+        if !s.may_take(pool) {
             s.watch(pool);
             return Err(l.clone());
         }
         held.push(s);
     }
     for (s, l) in held.iter_mut().zip(limiters) {
-        s.take_one();
+        s.take_one(pool);
         l.count_waiting(false);
     }
     Ok(())
 }
 
 impl LimState {
-    /// M1: one permit taken.
-    fn take_one(&mut self) {
+    /// Permits neither held nor granted.
+    fn free(&self) -> usize {
+        self.permits
+            .saturating_sub(self.in_use.saturating_add(self.granted))
+    }
+
+    /// How many grants `pool` holds.
+    fn grants_of(&self, pool: &PoolRef) -> usize {
+        self.grants
+            .iter()
+            .find(|(w, _)| w.is(pool))
+            .map_or(0, |&(_, n)| n)
+    }
+
+    /// M1: whether `pool` may take a permit now: it holds a grant (and the
+    /// count allows it), or a permit is neither held nor granted. Grants
+    /// of pools that are gone are reclaimed first when nothing else is
+    /// free.
+    fn may_take(&mut self, pool: &PoolRef) -> bool {
+        if (self.grants_of(pool) > 0 && self.in_use < self.permits) || self.free() > 0 {
+            return true;
+        }
+        self.reclaim_gone();
+        self.free() > 0
+    }
+
+    /// M1: one permit taken by `pool`, spending a grant if it holds one.
+    fn take_one(&mut self, pool: &PoolRef) {
+        self.give_back(pool, 1);
         self.in_use += 1;
         self.high_water = self.high_water.max(self.in_use);
     }
 
-    /// M2: `pool` found no permit; it watches from now on.
-    fn watch(&mut self, pool: &Weak<dyn Watcher>) {
-        if !self.watchers.iter().any(|w| Weak::ptr_eq(w, pool)) {
-            // Pools gone since they registered leave here.
-            self.watchers.retain(|w| w.strong_count() > 0);
-            self.watchers.push(pool.clone());
+    /// M3: `pool` gives back up to `n` of its grants; `true` if it held
+    /// any.
+    fn give_back(&mut self, pool: &PoolRef, n: usize) -> bool {
+        let Some(i) = self.grants.iter().position(|(w, _)| w.is(pool)) else {
+            return false;
+        };
+        let entry = &mut self.grants[i].1;
+        let back = n.min(*entry);
+        *entry -= back;
+        self.granted -= back;
+        if *entry == 0 {
+            self.grants.swap_remove(i);
         }
+        back > 0
+    }
+
+    /// M3: the grants of pools that are gone come back.
+    fn reclaim_gone(&mut self) {
+        let mut back = 0;
+        self.grants.retain(|(w, n)| {
+            let gone = w.is_gone();
+            if gone {
+                back += n;
+            }
+            !gone
+        });
+        self.granted -= back;
+    }
+
+    /// M3: no more grants than free permits (after a decrease).
+    fn revoke_excess(&mut self) {
+        let allowed = self.permits.saturating_sub(self.in_use);
+        while self.granted > allowed {
+            let Some(last) = self.grants.last_mut() else {
+                break;
+            };
+            last.1 -= 1;
+            self.granted -= 1;
+            if last.1 == 0 {
+                self.grants.pop();
+            }
+        }
+    }
+
+    /// M3: grants free permits to waiting pools that take grants, first
+    /// waiting first; each pool served goes to the back of the queue.
+    /// Adds one entry per grant to `granted`.
+    fn dispense(&mut self, granted: &mut Vec<PoolRef>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        self.reclaim_gone();
+        // Pools that are gone leave the queue.
+        self.waiting.retain(|w| !w.is_gone());
+        while self.free() > 0 {
+            let Some(i) = self.waiting.iter().position(PoolRef::takes_grants) else {
+                break;
+            };
+            let Some(pool) = self.waiting.remove(i) else {
+                break;
+            };
+            match self.grants.iter_mut().find(|(w, _)| w.is(&pool)) {
+                Some((_, n)) => *n += 1,
+                None => self.grants.push((pool.clone(), 1)),
+            }
+            self.granted += 1;
+            granted.push(pool.clone());
+            self.waiting.push_back(pool);
+        }
+    }
+
+    /// M2: `pool` found no permit; it waits from now on, once.
+    fn watch(&mut self, pool: &PoolRef) {
+        if !self.waiting.iter().any(|w| w.is(pool)) {
+            // Pools gone since they joined leave here.
+            self.waiting.retain(|w| !w.is_gone());
+            self.waiting.push_back(pool.clone());
+        }
+    }
+
+    /// A new count of permits: a decrease revokes grants beyond it, an
+    /// increase is granted to waiting pools (M3).
+    fn set_permits(&mut self, permits: usize, granted: &mut Vec<PoolRef>) {
+        self.permits = permits;
+        self.revoke_excess();
+        self.dispense(granted);
     }
 }
 
-/// Watchers to tell, after unlocking, that a permit of a limiter is free.
-pub(crate) type Wake = (Limiter, Vec<Weak<dyn Watcher>>);
-
-/// Gives back one permit of each of `limiters` (M1); adds the watchers to
-/// tell after unlocking.
+/// Gives back one permit of each of `limiters` (M1) and grants it to the
+/// first waiting pool, if any (M3); adds the pools to tell after
+/// unlocking.
 pub(crate) fn release_all(limiters: &[Limiter], wakes: &mut Vec<Wake>) {
     for l in limiters {
-        let mut s = l.lock();
-        s.in_use = s.in_use.saturating_sub(1);
-        if s.in_use < s.permits && !s.watchers.is_empty() {
-            let watchers = s.watchers.clone();
-            drop(s);
-            wakes.push((l.clone(), watchers));
+        let mut granted = Vec::new();
+        {
+            let mut s = l.lock();
+            s.in_use = s.in_use.saturating_sub(1);
+            s.dispense(&mut granted);
+        }
+        if !granted.is_empty() {
+            wakes.push((l.clone(), granted));
         }
     }
 }
@@ -303,6 +511,7 @@ impl fmt::Debug for Limiter {
             .field("in_use", &s.in_use)
             .field("waiting", &s.waiting)
             .field("high_water", &s.high_water)
+            .field("pools_waiting", &s.pools_waiting)
             .finish()
     }
 }

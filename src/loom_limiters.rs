@@ -1,4 +1,4 @@
-//! Loom models of shared limiters (limiter.rs M1, M2; lanes.rs L4): a
+//! Loom models of shared limiters (limiter.rs M1–M3; lanes.rs L4): a
 //! cancel racing a limited job's start leaks no permit, and two pools
 //! taking two limiters in opposite orders neither deadlock nor lose the
 //! wake-up of a permit given back in the other pool; a cancel in one pool
@@ -112,7 +112,11 @@ fn give_back_vs_cancel_in_another_pool() {
             other => panic!("unexpected outcome {other:?}"),
         }
         let s = l.stats();
-        assert_eq!((s.in_use, s.waiting, s.high_water), (0, 0, 1), "{s:?}");
+        assert_eq!(
+            (s.in_use, s.waiting, s.high_water, s.pools_waiting),
+            (0, 0, 1, 0),
+            "{s:?}"
+        );
     });
     BRANCHES.assert_all(["cancelled", "ran"]);
 }

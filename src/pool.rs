@@ -265,8 +265,8 @@ impl Inner {
             find_worker,
         } = after;
         if !limiter_wakes.is_empty() {
-            for (limiter, watchers) in limiter_wakes {
-                limiter.wake(&watchers, 1);
+            for (limiter, granted) in limiter_wakes {
+                limiter.wake(&granted);
             }
         }
         if find_worker {

@@ -171,6 +171,22 @@ impl<T> Slab<T> {
         list.len += 1;
     }
 
+    /// Links the entry `key` (in no list) at the front of `list`.
+    pub(crate) fn push_front(&mut self, list: &mut List, key: Key) {
+        let old_head = list.head;
+        {
+            let e = &mut self.entries[key as usize];
+            e.prev = NIL;
+            e.next = old_head.unwrap_or(NIL);
+        }
+        match old_head {
+            Some(h) => self.entries[h as usize].prev = key,
+            None => list.tail = Some(key),
+        }
+        list.head = Some(key);
+        list.len += 1;
+    }
+
     /// Unlinks the entry `key`, which must be in `list`.
     pub(crate) fn unlink(&mut self, list: &mut List, key: Key) {
         let (prev, next) = {

@@ -508,3 +508,50 @@ async fn a_free_permit_is_not_held_for_a_busy_pool() {
     l.set_permits(1);
     assert_eq!(within("p's limited job", on_p).await.unwrap(), "p");
 }
+
+/// Pools sharing a limiter are served in turn (limiter.rs M3): a pool whose
+/// finishing job gives a permit back cannot take it again for its next job
+/// while another pool waits for it. Before grants, pool `a` re-took the
+/// permit in the same critical section that gave it back, and `b`'s job
+/// waited behind all 20 of `a`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_given_back_goes_to_the_pool_that_waited_not_back_to_its_own() {
+    let l = Limiter::new(1);
+    let (a, b) = (pool(1, 64), pool(1, 4));
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let first = limited(&a, &[&l], "a0", &Concurrency::default(), &hold, &tx);
+    recv("a0", &mut started).await;
+    let rest: Vec<_> = (1..=20)
+        .map(|i| {
+            let log = log.clone();
+            a.offload(move |_| log.lock().unwrap().push(format!("a{i}")))
+                .limiter(&l)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let on_b = {
+        let log = log.clone();
+        b.offload(move |_| log.lock().unwrap().push("b".into()))
+            .limiter(&l)
+            .spawn()
+            .unwrap()
+    };
+    // b's limited lane comes first in its ring: once a later unlimited job
+    // of b ran, b's start found the limiter full and b waits for it.
+    within("a job on b", b.offload(|_| ())).await.unwrap();
+    assert_eq!(l.stats().pools_waiting, 1, "{:?}", l.stats());
+    gate.open();
+    within("a0", first).await.unwrap();
+    for job in rest {
+        within("a's jobs", job).await.unwrap();
+    }
+    within("b's job", on_b).await.unwrap();
+    let log = log.lock().unwrap();
+    let at = log.iter().position(|s| s == "b");
+    assert_eq!(at, Some(0), "b's job waited behind a's: {log:?}");
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+}

@@ -25,7 +25,10 @@ use crate::id::QUEUED;
 use crate::job_core::JobCore;
 use crate::lane::{KeyStats, LaneId, LaneKey};
 use crate::limiter::{try_acquire_all, Limiter};
+
+mod limited;
 use crate::slab::{Key, List};
+pub(crate) use limited::{Blocked, OwnWaitMark};
 
 /// The default lane's key in the lane slab: inserted first, never removed.
 pub(super) const DEFAULT_LANE: Key = 0;
@@ -50,28 +53,15 @@ pub(super) struct Lane {
     in_ring: bool,
     /// The limiter (by id) whose list of blocked lanes this lane is in.
     blocked_on: Option<u64>,
-    /// A freed permit of this limiter readied the lane: if the lane does
-    /// not use it, the wake-up passes on (L4).
-    woken_by: Option<u64>,
+    /// A grant of this limiter readied the lane: if the lane does not use
+    /// it, the grant passes on (L4).
+    woken_by: Option<Limiter>,
     /// Its share of `State::startable_queued`: the jobs a free permit
     /// would start now (L5).
     contrib: usize,
     /// Its running functions blocked waiting for one of its queued jobs
     /// (pool.rs `enter_own_wait`).
     own_waiters: usize,
-}
-
-/// What a function's wait for a queued job of its own pool counted beyond
-/// the pool's count: its lane's, and its limiters' (undone when it ends).
-pub(crate) struct OwnWaitMark {
-    lane: Option<Key>,
-    limiters: Vec<Limiter>,
-}
-
-/// A limiter this pool's lanes wait for, and the lanes blocked on it.
-pub(crate) struct Blocked {
-    limiter: Limiter,
-    lanes: List,
 }
 
 impl Lane {
@@ -222,8 +212,12 @@ impl State {
                     continue;
                 }
             }
-            let uses = |id: u64| limiters.iter().any(|l| l.id() == id);
-            let passed = lane.woken_by.take().filter(|&id| !uses(id));
+            let woken = lane.woken_by.take();
+            if woken.is_some() {
+                // The pool permit promised to the grant is this start's.
+                self.readied -= 1;
+            }
+            let passed = woken.filter(|w| !limiters.contains(w));
             self.jobs.unlink(&mut lane.jobs, key);
             lane.queued -= 1;
             lane.running += 1;
@@ -233,92 +227,18 @@ impl State {
                 self.lanes.unlink(&mut self.ring, lane_key);
             }
             self.lane_update(lane_key, after);
-            if let Some(id) = passed {
-                self.pass_wake(id, after);
+            if let Some(limiter) = passed {
+                self.pass_on(&limiter, after);
             }
             return Some(key);
         }
     }
 
-    /// L4: `lane`'s front job found `full` without a free permit: the lane
-    /// leaves the ring for the list of lanes blocked on it (the try
-    /// registered this pool as its watcher, M2).
-    fn lane_block(&mut self, lane_key: Key, full: Limiter, after: &mut After) {
-        let id = full.id();
-        let entry = self.limited.entry(id).or_insert_with(|| Blocked {
-            limiter: full,
-            lanes: List::default(),
-        });
-        let Some(lane) = self.lanes.get_mut(lane_key) else {
-            return;
-        };
-        let in_ring = std::mem::take(&mut lane.in_ring);
-        lane.blocked_on = Some(id);
-        self.startable_queued -= std::mem::take(&mut lane.contrib);
-        let woken = lane.woken_by.take().filter(|&w| w != id);
-        if in_ring {
-            self.lanes.unlink(&mut self.ring, lane_key);
-        }
-        self.lanes.push_back(&mut entry.lanes, lane_key);
-        if let Some(woken) = woken {
-            self.pass_wake(woken, after);
-        }
-    }
-
-    /// Takes `lane` out of the list of lanes blocked on limiter `id`; once
-    /// none is left, stops watching the limiter and lets go of it.
-    fn unblock(&mut self, lane: Key, id: u64) {
-        let Some(b) = self.limited.get_mut(&id) else {
-            return;
-        };
-        self.lanes.unlink(&mut b.lanes, lane);
-        if b.lanes.is_empty() {
-            if let Some(b) = self.limited.remove(&id) {
-                b.limiter.unwatch(&self.watcher);
-            }
-        }
-    }
-
-    /// `n` permits of `limiter` came back: readies up to `n` lanes blocked
-    /// on it, first blocked first (L4); stops watching it if none is left.
-    pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, n: usize, after: &mut After) {
-        for _ in 0..n {
-            if !self.pass_wake(limiter.id(), after) {
-                break;
-            }
-        }
-        let empty = self
-            .limited
-            .get(&limiter.id())
-            .is_none_or(|b| b.lanes.is_empty());
-        if empty {
-            if let Some(b) = self.limited.remove(&limiter.id()) {
-                b.limiter.unwatch(&self.watcher);
-            }
-        }
-    }
-
-    /// Readies the first lane blocked on limiter `id`, marked as woken by
-    /// it (L4); `false` if none is blocked on it.
-    fn pass_wake(&mut self, id: u64, after: &mut After) -> bool {
-        let Some(b) = self.limited.get_mut(&id) else {
-            return false;
-        };
-        let Some(lane_key) = self.lanes.pop_front(&mut b.lanes) else {
-            return false;
-        };
-        if let Some(lane) = self.lanes.get_mut(lane_key) {
-            lane.blocked_on = None;
-            lane.woken_by = Some(id);
-        }
-        self.lane_update(lane_key, after);
-        after.find_worker = true;
-        true
-    }
-
     /// A running job of `core`'s lane finished: its lane's count and its
     /// limiters' permits go back together with its pool permit.
     pub(super) fn lane_finished(&mut self, core: &JobCore, after: &mut After) {
+        // A pool permit freed with the job (M3).
+        self.stop_declining(after);
         crate::limiter::release_all(core.limiters(), &mut after.limiter_wakes);
         let lane = Self::lane_of(core);
         if let Some(l) = self.lanes.get_mut(lane) {
@@ -341,7 +261,7 @@ impl State {
         // The lane's front job may have changed: a blocked lane tries again,
         // which needs a worker to look.
         if let Some(id) = l.blocked_on.take() {
-            self.unblock(lane, id);
+            self.unblock(lane, id, after);
             after.find_worker = true;
         }
         self.lane_update(lane, after);
@@ -373,7 +293,7 @@ impl State {
         }
         if lane.queued == 0 || self.draining {
             if let Some(id) = lane.blocked_on.take() {
-                self.unblock(lane_key, id);
+                self.unblock(lane_key, id, after);
                 let Some(again) = self.lanes.get_mut(lane_key) else {
                     return;
                 };
@@ -396,6 +316,9 @@ impl State {
         } else {
             None
         };
+        if passed.is_some() {
+            self.readied -= 1;
+        }
         if startable != lane.in_ring {
             lane.in_ring = startable;
             if startable {
@@ -419,8 +342,9 @@ impl State {
             // for room may fit now.
             self.room_freed(after);
         }
-        if let Some(id) = passed {
-            self.pass_wake(id, after);
+        if let Some(limiter) = passed {
+            self.stop_declining(after);
+            self.pass_on(&limiter, after);
         }
     }
 
@@ -443,64 +367,6 @@ impl State {
         }
         if self.lane_index.capacity() > 64 {
             self.lane_index = HashMap::new();
-        }
-    }
-
-    /// The lane and limiter part of [`State::own_wait_begins`]: the running
-    /// job `waiter` (a slab key) waits for the queued job `waited`. Refused
-    /// if, counting this wait, every running slot of their shared lane, or
-    /// every permit of a limiter both need, would be held by such waits:
-    /// `waited` could never start.
-    pub(super) fn lane_own_wait(
-        &mut self,
-        waiter: Option<Key>,
-        waited: &JobCore,
-    ) -> Result<OwnWaitMark, ()> {
-        let mut mark = OwnWaitMark {
-            lane: None,
-            limiters: Vec::new(),
-        };
-        let Some(w) = waiter.and_then(|k| self.jobs.get(k)) else {
-            return Ok(mark);
-        };
-        let lane = Self::lane_of(w.core());
-        let shared: Vec<Limiter> = waited
-            .limiters()
-            .iter()
-            .filter(|l| w.core().limiters().contains(l))
-            .cloned()
-            .collect();
-        if lane == Self::lane_of(waited) {
-            if let Some(l) = self.lanes.get_mut(lane) {
-                if l.own_waiters.saturating_add(1) >= l.limit {
-                    return Err(());
-                }
-            }
-        }
-        for limiter in shared {
-            if !limiter.own_wait_begins() {
-                self.lane_own_wait_ended(mark);
-                return Err(());
-            }
-            mark.limiters.push(limiter);
-        }
-        if lane == Self::lane_of(waited) {
-            if let Some(l) = self.lanes.get_mut(lane) {
-                l.own_waiters += 1;
-                mark.lane = Some(lane);
-            }
-        }
-        Ok(mark)
-    }
-
-    /// Undoes what [`lane_own_wait`](Self::lane_own_wait) counted. The
-    /// waiter still runs in its lane, so the lane is still there.
-    pub(super) fn lane_own_wait_ended(&mut self, mark: OwnWaitMark) {
-        if let Some(l) = mark.lane.and_then(|k| self.lanes.get_mut(k)) {
-            l.own_waiters -= 1;
-        }
-        for limiter in mark.limiters {
-            limiter.own_wait_ended();
         }
     }
 

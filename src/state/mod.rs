@@ -243,7 +243,13 @@ pub(crate) struct State {
     /// blocked on it in the order they blocked (lanes.rs L4).
     limited: std::collections::HashMap<u64, lanes::Blocked>,
     /// This pool, as a limiter's watcher (limiter.rs M2).
-    watcher: std::sync::Weak<dyn crate::limiter::Watcher>,
+    watcher: crate::limiter::PoolRef,
+    /// This pool declines limiters' grants: it gave one back for want of a
+    /// permit (limiter.rs M3), until a permit of it frees.
+    declines: bool,
+    /// Lanes readied by a limiter's grant whose start is still to come:
+    /// pool permits promised to grants (limiter.rs M3).
+    readied: usize,
     key_limits: KeyLimits,
     /// The lanes an immediate shutdown has still to drain, last first.
     drain_lanes: Vec<crate::slab::Key>,
@@ -319,7 +325,9 @@ impl State {
             ring: List::default(),
             lane_index: std::collections::HashMap::new(),
             limited: std::collections::HashMap::new(),
-            watcher,
+            watcher: crate::limiter::PoolRef::new(watcher),
+            declines: false,
+            readied: 0,
             key_limits,
             drain_lanes: Vec::new(),
             queued: 0,

@@ -202,6 +202,14 @@ impl JobCore {
         self.extras.as_ref()?.lane.as_ref()
     }
 
+    /// The job's key ([`Offload::key`](crate::Offload::key)), if it has one.
+    pub(crate) fn lane_key(&self) -> Option<&LaneKey> {
+        match &self.lane()?.id {
+            LaneId::Key(k) => Some(k),
+            LaneId::Limiter(_) | LaneId::Limiters(_) => None,
+        }
+    }
+
     /// The limiters the job needs (sorted by id).
     pub(crate) fn limiters(&self) -> &[Limiter] {
         self.extras.as_ref().map_or(&[], |e| &e.limiters)

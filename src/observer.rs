@@ -128,6 +128,8 @@ pub struct JobEvent {
     /// The job's name, if it was given one (a user-chosen stable key, for a
     /// ledger that outlives the process).
     pub name: Option<std::sync::Arc<str>>,
+    /// The job's key ([`Offload::key`](crate::Offload::key)), if it has one.
+    pub key: Option<crate::LaneKey>,
     /// What happened.
     pub kind: EventKind,
     /// When it happened (monotonic, for durations).
@@ -177,6 +179,7 @@ impl EventQueue {
         self.events.push_back(JobEvent {
             id: core.id,
             name: core.name().cloned(),
+            key: core.lane_key().cloned(),
             kind,
             at: Instant::now(),
             at_wall: SystemTime::now(),

@@ -16,6 +16,8 @@ pub struct UnstartedJob {
     pub id: JobId,
     /// The job's name, if it had one.
     pub name: Option<std::sync::Arc<str>>,
+    /// The job's key ([`Offload::key`](crate::Offload::key)), if it had one.
+    pub key: Option<crate::LaneKey>,
     /// How long it had waited in the queue.
     pub queued_for: Duration,
 }
@@ -28,6 +30,8 @@ pub struct RunningJob {
     pub id: JobId,
     /// The job's name, if it had one.
     pub name: Option<std::sync::Arc<str>>,
+    /// The job's key ([`Offload::key`](crate::Offload::key)), if it has one.
+    pub key: Option<crate::LaneKey>,
     /// How long the function has been running.
     pub running_for: Duration,
     /// Whether stop has been requested through its token.
@@ -100,6 +104,7 @@ impl RunningJob {
         RunningJob {
             id: core.id,
             name: core.name().cloned(),
+            key: core.lane_key().cloned(),
             running_for: core.clock(),
             stop_requested: core.is_stop_requested(),
             caller_waiting: core.caller_waiting(),
@@ -115,6 +120,7 @@ impl UnstartedJob {
         UnstartedJob {
             id: core.id,
             name: core.name().cloned(),
+            key: core.lane_key().cloned(),
             queued_for: core.clock_at(now),
         }
     }

@@ -398,3 +398,62 @@ async fn waiting_for_a_queued_job_of_the_own_key_at_its_limit_cannot_deadlock() 
         .key("k");
     assert_eq!(within("outer", outer).await.unwrap(), Ok(7));
 }
+
+/// Reports carry a job's key: every observer event, the unstarted jobs
+/// `shutdown_now` hands back and the functions a `close` leaves running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_and_reports_carry_the_key() {
+    let log = Arc::new(Log::default());
+    let pool = builder(1, 16).observer(log.clone()).build().unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    // Ignores its stop token: still running when `close` gives up on it.
+    let running = {
+        let (hold, tx) = (hold.clone(), tx.clone());
+        pool.offload(move |_| {
+            tx.send("a0".to_owned()).unwrap();
+            hold.wait();
+            true
+        })
+        .key("tenant-a")
+        .name("a0")
+        .spawn()
+        .unwrap()
+    };
+    recv("a0", &mut started).await;
+    let queued = pool.offload(|_| true).key(7u64).spawn().unwrap();
+    let plain = pool.offload(|_| true).spawn().unwrap();
+    let unstarted = pool.shutdown_now();
+    let keys: Vec<_> = unstarted
+        .iter()
+        .map(|u| u.key.as_ref().map(ToString::to_string))
+        .collect();
+    // Lane by lane: the unkeyed jobs first.
+    assert_eq!(keys, [None, Some("7".to_owned())], "{unstarted:?}");
+    let report = pool.close(SHORT, SHORT).await;
+    let still: Vec<_> = report
+        .still_running
+        .iter()
+        .map(|r| r.key.as_ref().map(ToString::to_string))
+        .collect();
+    assert_eq!(still, [Some("tenant-a".to_owned())], "{report:?}");
+    gate.open();
+    assert!(within("a0", running).await.unwrap());
+    assert!(within("the queued job", queued).await.is_err());
+    assert!(within("the plain job", plain).await.is_err());
+    within("idle", pool.idle()).await;
+    let events = log.0.lock().unwrap().clone();
+    assert!(!events.is_empty());
+    for e in &events {
+        let key = e.key.as_ref().map(ToString::to_string);
+        let want = match e.name.as_deref() {
+            Some("a0") => Some("tenant-a".to_owned()),
+            _ if key.as_deref() == Some("7") => Some("7".to_owned()),
+            _ => None,
+        };
+        assert_eq!(key, want, "{e:?}");
+    }
+    assert!(events
+        .iter()
+        .any(|e| e.key.as_ref().is_some_and(|k| k.to_string() == "7")));
+}

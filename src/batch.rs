@@ -186,6 +186,39 @@ pub struct InvokeAll<F> {
     fs: Vec<F>,
     timeout: Option<Duration>,
     policy: Option<AbandonPolicy>,
+    lanes: BatchLanes,
+}
+
+/// The key and limiters every job of a batch gets.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BatchLanes {
+    key: Option<crate::LaneKey>,
+    limiters: Vec<crate::Limiter>,
+}
+
+impl BatchLanes {
+    pub(crate) fn key(&mut self, key: impl Into<crate::LaneKey>) {
+        self.key = Some(key.into());
+    }
+
+    pub(crate) fn limiter(&mut self, limiter: &crate::Limiter) {
+        self.limiters.push(limiter.clone());
+    }
+
+    /// Gives `offload` the batch's key and limiters.
+    pub(crate) fn apply<F, T>(&self, mut offload: crate::Offload<F, T>) -> crate::Offload<F, T>
+    where
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if let Some(key) = &self.key {
+            offload = offload.key(key.clone());
+        }
+        for l in &self.limiters {
+            offload = offload.limiter(l);
+        }
+        offload
+    }
 }
 
 impl<F> InvokeAll<F> {
@@ -195,7 +228,22 @@ impl<F> InvokeAll<F> {
             fs: fs.into_iter().collect(),
             timeout: None,
             policy: None,
+            lanes: BatchLanes::default(),
         }
+    }
+
+    /// Every job of the batch in `key`'s lane
+    /// ([`Offload::key`](crate::Offload::key)).
+    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
+        self.lanes.key(key);
+        self
+    }
+
+    /// Every job of the batch needs a permit of `limiter`
+    /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
+    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
+        self.lanes.limiter(limiter);
+        self
     }
 
     /// Stops waiting after `limit` (from the batch's first poll):
@@ -228,13 +276,14 @@ where
             fs,
             timeout,
             policy,
+            lanes,
         } = self;
         // Built at the first poll: the timeout runs from there.
         Box::pin(async move {
             let mut set = ReadySet::new();
             let mut outcomes = Vec::with_capacity(fs.len());
             for (i, f) in fs.into_iter().enumerate() {
-                let mut offload = target.offload(f).without_spin();
+                let mut offload = lanes.apply(target.offload(f).without_spin());
                 if let Some(limit) = timeout {
                     offload = offload.with_timeout(limit);
                 }

@@ -105,6 +105,7 @@ pub struct Map<It, F, T, E> {
     closed: bool,
     /// The error that stopped the map, yielded after the outcomes before it.
     failed: Option<BatchError<E>>,
+    lanes: crate::batch::BatchLanes,
 }
 
 impl<It, F, T, E> Map<It, F, T, E> {
@@ -127,7 +128,21 @@ impl<It, F, T, E> Map<It, F, T, E> {
             yielded: 0,
             closed: false,
             failed: None,
+            lanes: crate::batch::BatchLanes::default(),
         }
+    }
+
+    /// Every job in `key`'s lane ([`Offload::key`](crate::Offload::key)).
+    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
+        self.lanes.key(key);
+        self
+    }
+
+    /// Every job needs a permit of `limiter`
+    /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
+    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
+        self.lanes.limiter(limiter);
+        self
     }
 
     /// At most `k` jobs in flight (at least 1). In input order, at most `k`
@@ -175,8 +190,8 @@ where
             };
             let f = self.f.clone();
             let call: Call<T, E> = Box::new(move |stop| f(item, stop));
-            self.set
-                .push(group.offload(call).without_spin().into_future(), self.taken);
+            let offload = self.lanes.apply(group.offload(call).without_spin());
+            self.set.push(offload.into_future(), self.taken);
             self.taken += 1;
             if self.ordered {
                 self.window.push_back(None);

@@ -457,3 +457,82 @@ async fn events_and_reports_carry_the_key() {
         .iter()
         .any(|e| e.key.as_ref().is_some_and(|k| k.to_string() == "7")));
 }
+
+/// Batch calls take a key and limiters for all their jobs: an `invoke_all`
+/// keyed with `max_per_key(1)` runs one function at a time (the rest wait
+/// in the key's lane, though permits are free), and a `map` needing a
+/// one-permit limiter runs one at a time (the rest wait for the limiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_calls_take_a_key_and_limiters() {
+    let pool = builder(4, 64).max_per_key(1).build().unwrap();
+    let (gate1, hold) = gate();
+    let (tx, mut started) = signal();
+    let fs: Vec<_> = (0..6)
+        .map(|i| {
+            let (hold, tx) = (hold.clone(), tx.clone());
+            move |_: &offloader::StopToken| {
+                tx.send(format!("job {i}")).unwrap();
+                hold.wait();
+                i
+            }
+        })
+        .collect();
+    let all = tokio::spawn(std::future::IntoFuture::into_future(
+        pool.invoke_all(fs).key("k"),
+    ));
+    recv("a job of the batch", &mut started).await;
+    // Every job of the batch is accepted at its first poll; only one runs.
+    eventually("the batch's jobs queued in key k's lane", || {
+        pool.key_stats(1)
+            .first()
+            .is_some_and(|k| (k.running, k.queued) == (1, 5))
+    })
+    .await;
+    assert_eq!(pool.key_stats(1)[0].key.to_string(), "k");
+    assert_eq!(pool.metrics().running, 1);
+    gate1.open();
+    let values: Vec<_> = within("invoke_all", all)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(values, [0, 1, 2, 3, 4, 5]);
+
+    let l = offloader::Limiter::new(1);
+    let (gate2, hold) = gate();
+    let mapped = pool
+        .map(0..8, move |i: i32, _| {
+            tx.send(format!("item {i}")).unwrap();
+            hold.wait();
+            Ok::<_, ()>(i * 2)
+        })
+        .limit(4)
+        .limiter(&l);
+    let collected = tokio::spawn(collect_stream(mapped));
+    recv("an item of the map", &mut started).await;
+    eventually("the map's other jobs waiting for the limiter", || {
+        let s = l.stats();
+        (s.in_use, s.waiting) == (1, 3)
+    })
+    .await;
+    assert_eq!(pool.metrics().running, 1);
+    gate2.open();
+    let out: Vec<i32> = within("map", collected)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("no failure"))
+        .collect();
+    assert_eq!(out, (0..8).map(|i| i * 2).collect::<Vec<_>>());
+    assert_eq!(l.stats().high_water, 1);
+}
+
+/// Collects a stream (no stream-utilities dependency).
+async fn collect_stream<S: futures_core::Stream + Unpin>(mut s: S) -> Vec<S::Item> {
+    let mut out = Vec::new();
+    while let Some(x) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut s).poll_next(cx)).await {
+        out.push(x);
+    }
+    out
+}

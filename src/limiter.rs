@@ -125,7 +125,7 @@ impl PoolRef {
         }
     }
 
-    fn is(&self, other: &PoolRef) -> bool {
+    pub(crate) fn is(&self, other: &PoolRef) -> bool {
         Weak::ptr_eq(&self.weak, &other.weak)
     }
 

@@ -555,3 +555,107 @@ async fn a_permit_given_back_goes_to_the_pool_that_waited_not_back_to_its_own() 
     let s = l.stats();
     assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
 }
+
+/// A permit that a finishing job gives back to its own pool, which waits
+/// for it, starts that pool's waiting job next: the finishing worker's next
+/// start in the same critical section takes it, not a plain job of the ring
+/// (which would take the freed pool permit and leave the pool to decline
+/// its own grant, its limited job waiting behind every plain one). Found by
+/// a hostile review of grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_given_back_to_its_own_waiting_pool_goes_to_its_waiting_job() {
+    let l = Limiter::new(1);
+    let p = pool(2, 64);
+    let (tx, mut started) = signal();
+    let probe = Concurrency::default();
+    let (first_gate, first_hold) = gate();
+    let first = limited(&p, &[&l], "a1", &probe, &first_hold, &tx);
+    assert_eq!(recv("a1", &mut started).await, "a1");
+    let (open, open_hold) = gate();
+    open.open();
+    let second = limited(&p, &[&l], "a2", &probe, &open_hold, &tx);
+    let (plain_gate, plain_hold) = gate();
+    let plain: Vec<_> = (0..6)
+        .map(|i| limited(&p, &[], &format!("c{i}"), &probe, &plain_hold, &tx))
+        .collect();
+    // a2's lane came first in the ring: it found the limiter full, then c0
+    // took the pool's other permit.
+    assert_eq!(recv("c0", &mut started).await, "c0");
+    assert_eq!(l.stats().pools_waiting, 1);
+    // a1's handle is kept, not awaited: its worker starts the next job in
+    // the critical section that finishes a1.
+    first_gate.open();
+    assert_eq!(recv("the next start", &mut started).await, "a2");
+    within("a2", second).await.unwrap();
+    plain_gate.open();
+    within("a1", first).await.unwrap();
+    for job in plain {
+        within("the plain jobs", job).await.unwrap();
+    }
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+}
+
+/// A lane readied by a grant whose front job went away (cancelled) starts
+/// its next job, which needs no limiter: the grant passes on only after
+/// that start holds its pool permit. Passed on before (a hostile review's
+/// finding), the pool counted that permit as free, readied another lane
+/// blocked on the limiter with no permit left to start it, and held the
+/// limiter's permit for it while a job of another pool that could start
+/// waited. Deterministic: no worker can start the readied lane (spawns
+/// fail) until its front job is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_passed_on_by_a_starting_lane_is_not_held_without_a_permit() {
+    let l = Limiter::new(1);
+    let q = pool(2, 8);
+    let p = builder(2, 16)
+        .keep_alive(std::time::Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    // Lanes "k" and "j" of p blocked on the limiter, "k" first; "k" has a
+    // job needing no limiter behind its first.
+    let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
+    let j1 = p.offload(|_| "j1").key("j").limiter(&l).spawn().unwrap();
+    let (tx, mut started) = signal();
+    let (k2_gate, k2_hold) = gate();
+    let k2 = {
+        let (hold, tx) = (k2_hold.clone(), tx.clone());
+        p.offload(move |_| {
+            tx.send("k2".to_owned()).unwrap();
+            hold.wait();
+        })
+        .key("k")
+        .spawn()
+        .unwrap()
+    };
+    // r1 takes one of p's two permits and keeps it.
+    let (r1_gate, r1_hold) = gate();
+    let r1 = limited(&p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
+    assert_eq!(recv("r1", &mut started).await, "r1");
+    eventually("p's idle workers retired", || p.metrics().workers == 1).await;
+    assert_eq!(l.stats().pools_waiting, 1);
+    p.__fail_next_thread_spawns(usize::MAX);
+    holder_gate.open();
+    within("the holder", holder).await.unwrap();
+    // Granted to p (one pool permit free): lane "k" readied, but no worker
+    // can be spawned to start it.
+    eventually("a spawn failed", || p.metrics().spawn_failures >= 1).await;
+    assert!(k1.cancel(), "k1 never started");
+    p.__fail_next_thread_spawns(0);
+    let nudge = p.offload(|_| ()).spawn().unwrap();
+    assert_eq!(recv("k2", &mut started).await, "k2");
+    // k2 holds p's last permit: the grant went back, and a job of q that
+    // needs the limiter takes its permit.
+    let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
+    assert_eq!(within("q's limited job", on_q).await.unwrap(), "q");
+    k2_gate.open();
+    r1_gate.open();
+    for h in [k2, r1] {
+        within("p's jobs", h).await.unwrap();
+    }
+    within("nudge", nudge).await.unwrap();
+    assert_eq!(within("j1", j1).await.unwrap(), "j1");
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+}

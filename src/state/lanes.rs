@@ -189,9 +189,12 @@ impl State {
     /// is, which then goes to the back of the ring if it still has a
     /// startable job (L2). Tombstones met on the way are unlinked. A front
     /// job that cannot have its limiters' permits blocks its lane (L4) and
-    /// the next lane's turn comes. The caller moves the job to `Running`;
+    /// the next lane's turn comes. The caller moves the job to `Running`,
+    /// then passes on the grant the lane was readied by if the job does not
+    /// need it (the second value: passed only once the start holds its pool
+    /// permit, so the pool does not count that permit free for the grant);
     /// `None` if no lane is startable.
-    pub(super) fn lane_pop(&mut self, after: &mut After) -> Option<Key> {
+    pub(super) fn lane_pop(&mut self, after: &mut After) -> Option<(Key, Option<Limiter>)> {
         loop {
             let lane_key = self.ring.front()?;
             let lane = self.lanes.get_mut(lane_key)?;
@@ -227,10 +230,7 @@ impl State {
                 self.lanes.unlink(&mut self.ring, lane_key);
             }
             self.lane_update(lane_key, after);
-            if let Some(limiter) = passed {
-                self.pass_on(&limiter, after);
-            }
-            return Some(key);
+            return Some((key, passed));
         }
     }
 
@@ -240,6 +240,7 @@ impl State {
         // A pool permit freed with the job (M3).
         self.stop_declining(after);
         crate::limiter::release_all(core.limiters(), &mut after.limiter_wakes);
+        self.take_own_grants(after);
         let lane = Self::lane_of(core);
         if let Some(l) = self.lanes.get_mut(lane) {
             l.running -= 1;

@@ -26,7 +26,7 @@ impl State {
         }
         // L2: the front job of the lane whose turn it is; S2: it is
         // `Queued` (tombstones were passed over).
-        let key = self.lane_pop(after)?;
+        let (key, passed) = self.lane_pop(after)?;
         let task = self.jobs.get(key)?.clone();
         let moved = task.core().transition(QUEUED, RUNNING);
         debug_assert!(moved, "S2");
@@ -40,6 +40,10 @@ impl State {
         self.jobs.push_back(&mut self.running, key);
         self.counts.max_running = self.counts.max_running.max(self.running.len() as u64);
         self.counts.queue_wait_total += core.mark_started(now);
+        // Only now: the start holds its pool permit (lanes.rs `lane_pop`).
+        if let Some(limiter) = passed {
+            self.pass_on(&limiter, after);
+        }
         self.event(core, EventKind::Started, after);
         Some(task)
     }

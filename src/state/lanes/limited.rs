@@ -91,6 +91,27 @@ impl State {
         }
     }
 
+    /// Grants this pool gave itself, in the critical section that freed
+    /// the permits (a finishing job's limiters, a pool permit that stopped
+    /// its declining): served here and now, not after unlocking, or the
+    /// finishing worker's next start would take the freed pool permit for
+    /// a job of the ring and leave the grant without one (M3).
+    pub(in crate::state) fn take_own_grants(&mut self, after: &mut After) {
+        let mut own = Vec::new();
+        let me = &self.watcher;
+        after.limiter_wakes.retain_mut(|(limiter, granted)| {
+            let before = granted.len();
+            granted.retain(|p| !p.is(me));
+            if granted.len() < before {
+                own.push((limiter.clone(), before - granted.len()));
+            }
+            !granted.is_empty()
+        });
+        for (limiter, n) in own {
+            self.limiter_freed(&limiter, n, after);
+        }
+    }
+
     /// Readies a lane blocked on `limiter` to spend a grant of it, if this
     /// pool has a permit for it (M3).
     pub(in crate::state) fn use_grant(&mut self, limiter: &Limiter, after: &mut After) -> bool {

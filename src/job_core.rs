@@ -108,7 +108,8 @@ impl JobCore {
         });
         let lane = lane.map(|id| LaneRef {
             id,
-            slot: AtomicU32::new(0),
+            // No slot yet (never a lane's: the lane slab holds far fewer).
+            slot: AtomicU32::new(u32::MAX),
         });
         let rare = name.is_some() || deadline.is_some() || group.is_some() || lane.is_some();
         let extras = rare.then(|| {

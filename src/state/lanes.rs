@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use super::{After, State};
 use crate::id::QUEUED;
-use crate::job_core::JobCore;
+use crate::job_core::{JobCore, LaneRef};
 use crate::lane::{KeyStats, LaneId, LaneKey};
 use crate::limiter::{try_acquire_all, Limiter};
 
@@ -129,8 +129,8 @@ impl State {
         let lane = match core.lane() {
             None => DEFAULT_LANE,
             Some(l) => {
-                let slot = match self.lane_index.get(&l.id) {
-                    Some(&slot) => slot,
+                let slot = match self.find_lane(l) {
+                    Some(slot) => slot,
                     None => {
                         let limit = match &l.id {
                             LaneId::Key(k) => self.key_limits.of(k),
@@ -163,10 +163,30 @@ impl State {
         let Some(l) = core.lane() else {
             return true;
         };
-        match self.lane_index.get(&l.id).and_then(|&k| self.lanes.get(k)) {
+        match self.find_lane(l).and_then(|k| self.lanes.get(k)) {
             Some(lane) => lane.running.saturating_add(lane.queued) < lane.limit,
             None => true,
         }
+    }
+
+    /// The lane of `l`'s id, if it exists. The job remembers the slot it
+    /// found, so the admission check and the accept of one critical
+    /// section hash the key once (a slot reused by another lane since is
+    /// told apart by its id).
+    fn find_lane(&self, l: &LaneRef) -> Option<Key> {
+        let cached = l.slot();
+        if self
+            .lanes
+            .get(cached)
+            .is_some_and(|lane| lane.id.as_ref() == Some(&l.id))
+        {
+            return Some(cached);
+        }
+        let found = self.lane_index.get(&l.id).copied();
+        if let Some(slot) = found {
+            l.set_slot(slot);
+        }
+        found
     }
 
     /// Whether a new job of `core` would start as soon as it is queued: it
@@ -180,7 +200,7 @@ impl State {
         }
         let lane = match core.lane() {
             None => self.lanes.get(DEFAULT_LANE),
-            Some(l) => self.lane_index.get(&l.id).and_then(|&k| self.lanes.get(k)),
+            Some(l) => self.find_lane(l).and_then(|k| self.lanes.get(k)),
         };
         lane.is_none_or(|l| l.blocked_on.is_none() && l.running.saturating_add(l.queued) < l.limit)
     }

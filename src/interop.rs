@@ -79,6 +79,11 @@ impl Follow {
         )
     }
 
+    /// Whether the followed token is cancelled already.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
     /// Starts watching for the accepted job `task` of pool `inner`.
     pub(crate) fn watch(self, task: &Arc<dyn Task>, inner: &Arc<Inner>) {
         let (task, inner) = (Arc::downgrade(task), inner.clone());

@@ -360,7 +360,18 @@ where
             self.opts.limiters.clone(),
         );
         let job = Arc::new(Job::new(core, self.func));
-        if let Err((reason, func)) = inner.submit(job.clone()) {
+        // A job that follows a token cancelled already is cancelled in the
+        // critical section that accepts it: a worker could start it before
+        // the watch below could cancel it.
+        #[cfg(feature = "tokio-util")]
+        let cancelled = self
+            .opts
+            .follow
+            .as_ref()
+            .is_some_and(crate::interop::Follow::is_cancelled);
+        #[cfg(not(feature = "tokio-util"))]
+        let cancelled = false;
+        if let Err((reason, func)) = inner.submit(job.clone(), cancelled) {
             return Err((reason, Offload::with_options(self.pool, func, self.opts)));
         }
         #[cfg(feature = "tokio-util")]

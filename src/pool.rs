@@ -327,12 +327,16 @@ impl Inner {
     /// Enqueues `job` if the pool accepts it, making sure a worker will run
     /// it. On refusal the function is handed back; a full queue is not
     /// counted here (a waiting caller retries).
-    pub(crate) fn submit<F, T>(self: &Arc<Self>, job: Arc<Job<F, T>>) -> Result<(), (Rejected, F)>
+    pub(crate) fn submit<F, T>(
+        self: &Arc<Self>,
+        job: Arc<Job<F, T>>,
+        cancelled: bool,
+    ) -> Result<(), (Rejected, F)>
     where
         F: FnOnce(&StopToken) -> T + Send + 'static,
         T: Send + 'static,
     {
-        match self.enqueue(job.clone()) {
+        match self.enqueue(job.clone(), cancelled) {
             Ok(()) => Ok(()),
             Err(reason) => match job.take_refused() {
                 Some(f) => Err((reason, f)),
@@ -346,7 +350,10 @@ impl Inner {
     /// Transition *accept*, with the wake protocol: a searching worker, a
     /// claimed parked one or a new one. A worker that cannot be spawned
     /// refuses the job only when no worker exists to run it.
-    fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>) -> Result<(), Rejected> {
+    ///
+    /// With `cancelled`, the job is cancelled in the same critical section
+    /// (it follows a token cancelled already): accepted, it never starts.
+    fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>, cancelled: bool) -> Result<(), Rejected> {
         let mut after = After::default();
         let mut s = self.lock();
         // Before admission: events waiting for a delivery thread that
@@ -376,6 +383,7 @@ impl Inner {
         };
         let monitor_error = self.ensure_monitor(&mut s);
         s.accept(task.clone(), &mut after);
+        let cancelled = cancelled && s.cancel_queued(task.core(), &mut after);
         drop(s);
         if let Some(e) = monitor_error {
             tracing::warn!(error = %e, "could not spawn the stuck-job monitor; stuck jobs go unreported");
@@ -386,6 +394,10 @@ impl Inner {
             tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
         }
         self.after(after);
+        if cancelled {
+            task.discard();
+            self.published_one(task.core());
+        }
         Ok(())
     }
 

@@ -191,3 +191,27 @@ async fn a_jobs_watch_ends_with_its_function() {
     eventually("every watch ended", || alive() == before).await;
     assert!(!token.is_cancelled());
 }
+
+/// A job that follows a token cancelled already never runs, however fast
+/// a free worker would take it: it is cancelled in the critical section
+/// that accepts it (before, a worker started about one such job in 30 on a
+/// pool with free permits, ahead of the watch that cancels it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_following_a_cancelled_token_never_runs() {
+    let pool = pool(2, 16);
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    let ran = flag();
+    for _ in 0..300 {
+        let r = ran.clone();
+        let job = pool
+            .offload(move |_| r.store(true, std::sync::atomic::Ordering::SeqCst))
+            .stop_on(cancelled.clone())
+            .spawn()
+            .unwrap();
+        assert!(within("the job", job).await.unwrap_err().is_cancelled());
+    }
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    let m = pool.metrics();
+    assert_eq!((m.cancelled, m.completed), (300, 0), "{m:?}");
+}

@@ -536,3 +536,34 @@ async fn collect_stream<S: futures_core::Stream + Unpin>(mut s: S) -> Vec<S::Ite
     }
     out
 }
+
+/// Room freed for several waiting callers in one step is taken by all of
+/// them: a group's stop cancels two queued jobs in one critical section,
+/// and both callers waiting in `submit` for the full queue get in, not only
+/// the one woken. Before, one room wake-up went out per critical section,
+/// and the second caller waited until some job finished (found by mutation
+/// testing of state/lanes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_freed_for_two_waiting_callers_at_once_admits_both() {
+    let p = pool(1, 2);
+    let occupied = occupy(&p, 1).await;
+    let g = p.group();
+    let queued: Vec<_> = (0..2).map(|_| g.offload(|_| ()).spawn().unwrap()).collect();
+    assert!(p.offload(|_| ()).spawn().is_err(), "the queue is full");
+    let mut w1 = Box::pin(p.offload(|_| 1).submit());
+    let mut w2 = Box::pin(p.offload(|_| 2).submit());
+    assert!(poll_once(w1.as_mut()).await.is_pending());
+    assert!(poll_once(w2.as_mut()).await.is_pending());
+    assert!(g.stop());
+    let w1 = within("the first waiting caller", w1).await.unwrap();
+    let w2 = within("the second waiting caller", w2).await.unwrap();
+    for job in queued {
+        assert!(within("a cancelled job", job)
+            .await
+            .unwrap_err()
+            .is_cancelled());
+    }
+    occupied.release().await;
+    assert_eq!(within("w1", w1).await.unwrap(), 1);
+    assert_eq!(within("w2", w2).await.unwrap(), 2);
+}

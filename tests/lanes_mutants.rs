@@ -362,14 +362,12 @@ async fn a_lane_that_blocks_on_another_limiter_passes_its_wake_up_on() {
     within("both", both).await.unwrap();
 }
 
-/// A freed permit readies one lane blocked on the limiter, not all of
-/// them: when a lane ahead of it in the ring takes the permit first, the
-/// readied lane blocks again behind the lanes that were still waiting,
-/// which keep their order (L4: first blocked first). Kills the mutant of
-/// `State::lane_update` that passes a readied lane's wake-up on while the
-/// lane still has queued jobs (`queued != 0`): every lane blocked on the
-/// limiter was readied at once, and they blocked again in their old
-/// order.
+/// A permit granted to the pool readies one lane blocked on the limiter,
+/// not all of them, and that lane starts next (at the front of the ring,
+/// ahead of a lane that has not tried the limiter yet); the lanes still
+/// blocked keep their order (L4: first blocked first). Kills the mutant of
+/// `State::lane_update` that passes a readied lane's grant on while the
+/// lane still has queued jobs (`queued != 0`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_permit_readies_one_blocked_lane_not_all() {
     let l = Limiter::new(0);
@@ -384,18 +382,17 @@ async fn a_freed_permit_readies_one_blocked_lane_not_all() {
     // Every permit of the pool is taken: "d" waits in the ring, untried.
     let occupied = occupy(&p, 2).await;
     let d = job(&p, Some("d"), &[&l], "d", &hold_d, &tx);
-    // The permit readies "a", behind "d" in the ring.
+    // The permit goes to the pool once a permit of it frees: it readies
+    // "a", first blocked, ahead of "d" in the ring.
     l.set_permits(1);
     occupied.release().await;
-    assert_eq!(recv("d, ahead in the ring", &mut started).await, "d");
-    // "a" has been tried (and found `l` full) when this job starts.
-    a_start_after(&p).await;
+    assert_eq!(recv("a, readied", &mut started).await, "a");
+    assert_eq!(recv("b, blocked next", &mut started).await, "b");
+    assert_eq!(recv("d, last to try", &mut started).await, "d");
     gate_d.open();
-    within("d", d).await.unwrap();
-    assert_eq!(recv("the lane still blocked", &mut started).await, "b");
-    assert_eq!(recv("the lane that lost its turn", &mut started).await, "a");
     within("a", a).await.unwrap();
     within("b", b).await.unwrap();
+    within("d", d).await.unwrap();
 }
 
 /// A lane whose front job finds its limiter full leaves the ring (L4) and

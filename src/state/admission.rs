@@ -74,6 +74,12 @@ impl State {
         self.lane_push(task.core(), key, after);
         self.queued += 1;
         self.hint.store(self.queued, Ordering::Release);
+        // Several slots may have freed in one critical section (a limiter's
+        // new permits readying several lanes, L5) with one waiter woken for
+        // them: while room is left, each admission wakes the next waiter.
+        if self.room_waiters > 0 && self.waiting_for_permit() < self.queue_capacity {
+            self.room_freed(after);
+        }
     }
 
     /// Counts a refusal the caller reports: a full queue, for good.

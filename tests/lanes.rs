@@ -567,3 +567,37 @@ async fn room_freed_for_two_waiting_callers_at_once_admits_both() {
     assert_eq!(within("w1", w1).await.unwrap(), 1);
     assert_eq!(within("w2", w2).await.unwrap(), 2);
 }
+
+/// Cancelling a job behind a blocked lane's front leaves the lane its place
+/// among the lanes blocked on the limiter: lanes "a" then "b" block; a
+/// cancel of a's second job does not send "a" behind "b" (before, any
+/// cancel in a blocked lane retried it, and it blocked again at the back;
+/// found by mutation testing of state/lanes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_behind_a_blocked_lane_s_front_keeps_its_place() {
+    let l = offloader::Limiter::new(0);
+    let p = pool(4, 16);
+    let (tx, mut started) = signal();
+    let limited_job = |key: &'static str, label: &'static str| {
+        let tx = tx.clone();
+        p.offload(move |_| tx.send(label.to_owned()).unwrap())
+            .key(key)
+            .limiter(&l)
+            .spawn()
+            .unwrap()
+    };
+    let a1 = limited_job("a", "a1");
+    let a2 = limited_job("a", "a2");
+    let b1 = limited_job("b", "b1");
+    // Both lanes came first in the ring: they found the limiter full.
+    within("an unlimited job", p.offload(|_| ())).await.unwrap();
+    assert!(a2.cancel(), "a2 is behind a's front job");
+    within("another unlimited job", p.offload(|_| ()))
+        .await
+        .unwrap();
+    l.set_permits(1);
+    assert_eq!(recv("the first start", &mut started).await, "a1");
+    assert_eq!(recv("the second start", &mut started).await, "b1");
+    within("a1", a1).await.unwrap();
+    within("b1", b1).await.unwrap();
+}

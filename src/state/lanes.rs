@@ -279,11 +279,14 @@ impl State {
         };
         l.queued -= 1;
         l.tombstones += 1;
-        // The lane's front job may have changed: a blocked lane tries again,
-        // which needs a worker to look.
-        if let Some(id) = l.blocked_on.take() {
-            self.unblock(lane, id, after);
-            after.find_worker = true;
+        // If the lane's front job was the one cancelled, a blocked lane
+        // tries again with its new front (which needs a worker to look);
+        // a job further back leaves the lane its place among the blocked.
+        if l.jobs.front() == Some(core.key()) {
+            if let Some(id) = l.blocked_on.take() {
+                self.unblock(lane, id, after);
+                after.find_worker = true;
+            }
         }
         self.lane_update(lane, after);
     }

@@ -47,12 +47,15 @@
 //!   cannot have a permit of one of its limiters (limiter.rs) is out of the
 //!   ring and in exactly one list: `limited[id].lanes`, the lanes blocked on
 //!   that limiter, in the order they blocked (`blocked_on` names it). A
-//!   permit given back readies the first of them (`woken_by` names the
-//!   limiter); a readied lane that does not use that permit — its front job
-//!   was cancelled, needs another full limiter, or needs none — readies the
-//!   next. A cancel in a blocked lane readies it too (its front changed).
-//!   So a lane waits only while its front job's limiter has no permit that
-//!   another of this pool's lanes was readied for.
+//!   permit granted to this pool (limiter.rs M3) readies the first of them
+//!   at the front of the ring (`woken_by` names the limiter; `readied`
+//!   counts such lanes, each promised a pool permit); a readied lane that
+//!   does not use the grant — its front job was cancelled, needs another
+//!   full limiter, or needs none — passes it to the next, or gives it back.
+//!   A cancel of a blocked lane's front job readies the lane too (its front
+//!   changed); a cancel further back leaves it its place. So a lane waits
+//!   only while its front job's limiter has no permit that another of this
+//!   pool's lanes was readied for.
 //! - **L5 (waiting counts lanes).** `startable_queued` is the sum, over
 //!   the lanes in the ring, of `min(queued, limit - running)`: the queued
 //!   jobs a free permit would start now; `lane_update` keeps each lane's

@@ -659,3 +659,45 @@ async fn a_grant_passed_on_by_a_starting_lane_is_not_held_without_a_permit() {
     let s = l.stats();
     assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
 }
+
+/// Two functions, each holding one of a limiter's two permits, wait for
+/// queued jobs of their pool needing it: the first wait is served, the
+/// second — which would hold the last permit — is refused with
+/// `WouldDeadlock`; twice in a row, so a wait that ended gave its count
+/// back. (Kills the mutants of `Limiter::own_wait_begins` that never count
+/// a wait and of `own_wait_ended` that never gives the count back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused() {
+    let l = Limiter::new(2);
+    let p = pool(4, 16);
+    for round in 0..2 {
+        let (g, hold) = gate();
+        let (tx, mut started) = signal();
+        let outer = |n: i32| {
+            let (p2, l2, hold, tx) = (p.clone(), l.clone(), hold.clone(), tx.clone());
+            p.offload(move |_| {
+                tx.send(()).unwrap();
+                hold.wait();
+                let inner = p2.offload(move |_| n).limiter(&l2).spawn().unwrap();
+                inner.blocking_wait().map_err(|e| e.to_string())
+            })
+            .limiter(&l)
+            .spawn()
+            .unwrap()
+        };
+        let (first, second) = (outer(1), outer(2));
+        recv("the first outer job", &mut started).await;
+        recv("the second outer job", &mut started).await;
+        g.open();
+        let first = within("first", first).await.unwrap();
+        let second = within("second", second).await.unwrap();
+        let refused = match (&first, &second) {
+            (Err(text), Ok(2)) | (Ok(1), Err(text)) => text,
+            _ => panic!("round {round}: exactly one wait is refused: {first:?} {second:?}"),
+        };
+        assert!(refused.contains("would never return"), "{refused}");
+        within("idle", p.idle()).await;
+        let s = l.stats();
+        assert_eq!((s.in_use, s.waiting), (0, 0), "{s:?}");
+    }
+}

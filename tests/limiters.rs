@@ -701,3 +701,41 @@ async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused()
         assert_eq!((s.in_use, s.waiting), (0, 0), "{s:?}");
     }
 }
+
+/// A grant whose pool has no lane left to use it goes back, to the next
+/// waiting pool: `p` is granted the permit and readies its blocked lane,
+/// but no worker can start it (spawns fail) before its only job is
+/// cancelled; the grant then goes to `q`, whose job starts. (Kills the
+/// mutants of `Limiter::leave` that keep a leaving pool's grants.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
+    let l = Limiter::new(1);
+    let q = pool(2, 8);
+    let p = builder(2, 16)
+        .keep_alive(std::time::Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
+    let (tx, mut started) = signal();
+    let (r1_gate, r1_hold) = gate();
+    let r1 = limited(&p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
+    assert_eq!(recv("r1", &mut started).await, "r1");
+    let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
+    within("a job on q", q.offload(|_| ())).await.unwrap();
+    assert_eq!(l.stats().pools_waiting, 2);
+    eventually("p's idle workers retired", || p.metrics().workers == 1).await;
+    p.__fail_next_thread_spawns(usize::MAX);
+    holder_gate.open();
+    within("the holder", holder).await.unwrap();
+    // Granted to p, first in line: its lane is readied, but no worker can
+    // be spawned to start it.
+    eventually("a spawn failed", || p.metrics().spawn_failures >= 1).await;
+    assert!(k1.cancel(), "k1 never started");
+    assert_eq!(within("q's job, granted next", on_q).await.unwrap(), "q");
+    p.__fail_next_thread_spawns(0);
+    r1_gate.open();
+    within("r1", r1).await.unwrap();
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+}

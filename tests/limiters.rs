@@ -56,6 +56,31 @@ async fn held_elsewhere(l: &Limiter) -> (Offloader, Gate, JobHandle<()>) {
     (holder_pool, gate, holder)
 }
 
+/// Asserts that `l` has no permit held, no job waiting and no pool in line.
+fn assert_settled(l: &Limiter) {
+    let s = l.stats();
+    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+}
+
+/// A pool of two permits whose idle workers retire at once.
+fn pool_retiring_at_once() -> Offloader {
+    builder(2, 16)
+        .keep_alive(std::time::Duration::from_millis(1))
+        .build()
+        .unwrap()
+}
+
+/// With `p` down to its one busy worker and its spawns failing, lets the
+/// holder give the limiter's permit back: granted to `p`, the first pool in
+/// line, it readies `p`'s blocked lane, which no worker can start.
+async fn grant_with_no_worker_to_start_it(p: &Offloader, holder_gate: Gate, holder: JobHandle<()>) {
+    eventually("p's idle workers retired", || p.metrics().workers == 1).await;
+    p.__fail_next_thread_spawns(usize::MAX);
+    holder_gate.open();
+    within("the holder", holder).await.unwrap();
+    eventually("a spawn failed", || p.metrics().spawn_failures >= 1).await;
+}
+
 /// One limiter of two permits shared by two pools of four: at most two of
 /// their functions run at once, the others wait in their queues, and
 /// unlimited jobs of both pools still start beside them. A permit freed in
@@ -552,8 +577,7 @@ async fn a_permit_given_back_goes_to_the_pool_that_waited_not_back_to_its_own() 
     let log = log.lock().unwrap();
     let at = log.iter().position(|s| s == "b");
     assert_eq!(at, Some(0), "b's job waited behind a's: {log:?}");
-    let s = l.stats();
-    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+    assert_settled(&l);
 }
 
 /// A permit that a finishing job gives back to its own pool, which waits
@@ -592,8 +616,7 @@ async fn a_permit_given_back_to_its_own_waiting_pool_goes_to_its_waiting_job() {
     for job in plain {
         within("the plain jobs", job).await.unwrap();
     }
-    let s = l.stats();
-    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+    assert_settled(&l);
 }
 
 /// A lane readied by a grant whose front job went away (cancelled) starts
@@ -607,11 +630,7 @@ async fn a_permit_given_back_to_its_own_waiting_pool_goes_to_its_waiting_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_passed_on_by_a_starting_lane_is_not_held_without_a_permit() {
     let l = Limiter::new(1);
-    let q = pool(2, 8);
-    let p = builder(2, 16)
-        .keep_alive(std::time::Duration::from_millis(1))
-        .build()
-        .unwrap();
+    let (q, p) = (pool(2, 8), pool_retiring_at_once());
     let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
     // Lanes "k" and "j" of p blocked on the limiter, "k" first; "k" has a
     // job needing no limiter behind its first.
@@ -633,14 +652,9 @@ async fn a_grant_passed_on_by_a_starting_lane_is_not_held_without_a_permit() {
     let (r1_gate, r1_hold) = gate();
     let r1 = limited(&p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
     assert_eq!(recv("r1", &mut started).await, "r1");
-    eventually("p's idle workers retired", || p.metrics().workers == 1).await;
     assert_eq!(l.stats().pools_waiting, 1);
-    p.__fail_next_thread_spawns(usize::MAX);
-    holder_gate.open();
-    within("the holder", holder).await.unwrap();
-    // Granted to p (one pool permit free): lane "k" readied, but no worker
-    // can be spawned to start it.
-    eventually("a spawn failed", || p.metrics().spawn_failures >= 1).await;
+    // Granted to p (one pool permit free): lane "k" readied.
+    grant_with_no_worker_to_start_it(&p, holder_gate, holder).await;
     assert!(k1.cancel(), "k1 never started");
     p.__fail_next_thread_spawns(0);
     let nudge = p.offload(|_| ()).spawn().unwrap();
@@ -656,8 +670,7 @@ async fn a_grant_passed_on_by_a_starting_lane_is_not_held_without_a_permit() {
     }
     within("nudge", nudge).await.unwrap();
     assert_eq!(within("j1", j1).await.unwrap(), "j1");
-    let s = l.stats();
-    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+    assert_settled(&l);
 }
 
 /// Two functions, each holding one of a limiter's two permits, wait for
@@ -710,11 +723,7 @@ async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
     let l = Limiter::new(1);
-    let q = pool(2, 8);
-    let p = builder(2, 16)
-        .keep_alive(std::time::Duration::from_millis(1))
-        .build()
-        .unwrap();
+    let (q, p) = (pool(2, 8), pool_retiring_at_once());
     let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
     let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
     let (tx, mut started) = signal();
@@ -724,18 +733,11 @@ async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
     let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
     within("a job on q", q.offload(|_| ())).await.unwrap();
     assert_eq!(l.stats().pools_waiting, 2);
-    eventually("p's idle workers retired", || p.metrics().workers == 1).await;
-    p.__fail_next_thread_spawns(usize::MAX);
-    holder_gate.open();
-    within("the holder", holder).await.unwrap();
-    // Granted to p, first in line: its lane is readied, but no worker can
-    // be spawned to start it.
-    eventually("a spawn failed", || p.metrics().spawn_failures >= 1).await;
+    grant_with_no_worker_to_start_it(&p, holder_gate, holder).await;
     assert!(k1.cancel(), "k1 never started");
     assert_eq!(within("q's job, granted next", on_q).await.unwrap(), "q");
     p.__fail_next_thread_spawns(0);
     r1_gate.open();
     within("r1", r1).await.unwrap();
-    let s = l.stats();
-    assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+    assert_settled(&l);
 }

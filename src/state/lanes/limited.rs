@@ -97,6 +97,10 @@ impl State {
     /// finishing worker's next start would take the freed pool permit for
     /// a job of the ring and leave the grant without one (M3).
     pub(in crate::state) fn take_own_grants(&mut self, after: &mut After) {
+        if after.limiter_wakes.is_empty() {
+            // A finishing job's path without limiters: nothing granted.
+            return;
+        }
         let mut own = Vec::new();
         let me = &self.watcher;
         after.limiter_wakes.retain_mut(|(limiter, granted)| {
@@ -219,18 +223,20 @@ impl State {
             return Ok(mark);
         };
         let lane = Self::lane_of(w.core());
+        let same_lane = lane == Self::lane_of(waited);
         let shared: Vec<Limiter> = waited
             .limiters()
             .iter()
             .filter(|l| w.core().limiters().contains(l))
             .cloned()
             .collect();
-        if lane == Self::lane_of(waited) {
-            if let Some(l) = self.lanes.get_mut(lane) {
-                if l.own_waiters.saturating_add(1) >= l.limit {
-                    return Err(());
-                }
-            }
+        if same_lane
+            && self
+                .lanes
+                .get(lane)
+                .is_some_and(|l| l.own_waiters.saturating_add(1) >= l.limit)
+        {
+            return Err(());
         }
         for limiter in shared {
             if !limiter.own_wait_begins() {
@@ -239,11 +245,9 @@ impl State {
             }
             mark.limiters.push(limiter);
         }
-        if lane == Self::lane_of(waited) {
-            if let Some(l) = self.lanes.get_mut(lane) {
-                l.own_waiters += 1;
-                mark.lane = Some(lane);
-            }
+        if let Some(l) = self.lanes.get_mut(lane).filter(|_| same_lane) {
+            l.own_waiters += 1;
+            mark.lane = Some(lane);
         }
         Ok(mark)
     }

@@ -1,4 +1,4 @@
-//! Loom models of shared limiters (limiter.rs M1–M3; lanes.rs L4): a
+//! Loom models of shared limiters (limiter/mod.rs M1–M3; lanes.rs L4): a
 //! cancel racing a limited job's start leaks no permit, and two pools
 //! taking two limiters in opposite orders neither deadlock nor lose the
 //! wake-up of a permit given back in the other pool; a cancel in one pool

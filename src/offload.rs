@@ -350,37 +350,43 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let group = self.opts.group.as_ref().map(JobGroup::key);
+        let mut opts = self.opts;
+        let group = opts.group.as_ref().map(JobGroup::key);
+        // The job takes its name, key and limiters (no clone per job: a
+        // refusal gives them back below).
         let core = JobCore::new(
             inner.next_id(),
-            self.opts.name.clone(),
+            opts.name.take(),
             deadline,
             group,
-            self.opts.key.clone(),
-            self.opts.limiters.clone(),
+            opts.key.take(),
+            std::mem::take(&mut opts.limiters),
         );
         let job = Arc::new(Job::new(core, self.func));
         // A job that follows a token cancelled already is cancelled in the
         // critical section that accepts it: a worker could start it before
         // the watch below could cancel it.
         #[cfg(feature = "tokio-util")]
-        let cancelled = self
-            .opts
+        let cancelled = opts
             .follow
             .as_ref()
             .is_some_and(crate::interop::Follow::is_cancelled);
         #[cfg(not(feature = "tokio-util"))]
         let cancelled = false;
         if let Err((reason, func)) = inner.submit(job.clone(), cancelled) {
-            return Err((reason, Offload::with_options(self.pool, func, self.opts)));
+            let core = crate::job::Task::core(&*job);
+            opts.name = core.name().cloned();
+            opts.key = core.lane_key().cloned();
+            opts.limiters = core.limiters().to_vec();
+            return Err((reason, Offload::with_options(self.pool, func, opts)));
         }
         #[cfg(feature = "tokio-util")]
-        if let Some(follow) = self.opts.follow {
+        if let Some(follow) = opts.follow {
             let task: Arc<dyn crate::job::Task> = job.clone();
             follow.watch(&task, &inner);
         }
         let mut handle = JobHandle::new(job, inner);
-        if let Some(limit) = self.opts.timeout {
+        if let Some(limit) = opts.timeout {
             handle.set_wait_limit(began, limit);
         }
         Ok(handle)

@@ -133,6 +133,11 @@ impl<T> Slab<T> {
         self.len == 0
     }
 
+    /// How many entries it has, occupied or vacant.
+    pub(crate) fn slots(&self) -> usize {
+        self.entries.len()
+    }
+
     /// How many entries are occupied.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -601,3 +601,44 @@ async fn a_cancel_behind_a_blocked_lane_s_front_keeps_its_place() {
     within("a1", a1).await.unwrap();
     within("b1", b1).await.unwrap();
 }
+
+/// A key's lane emptied a moment ago stays, idle, for the key's next jobs
+/// (L3; the 16 emptied last): it is not listed by `key_stats`, and when its
+/// key comes back it serves it with the key's limit and order, whether it
+/// was kept or dropped (20 keys, three rounds each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_emptied_and_kept_serves_its_key_again_with_its_limit() {
+    let pool = builder(2, 64).max_per_key(1).build().unwrap();
+    let (tx, mut started) = signal();
+    for round in 0..3 {
+        for k in 0..20 {
+            let key = format!("k{k}");
+            let (gate, hold) = gate();
+            let first = job(&pool, Some(&key), format!("{key}-0"), &hold, &tx);
+            let second = job(&pool, Some(&key), format!("{key}-1"), &hold, &tx);
+            let other = job(&pool, None, "x".into(), &hold, &tx);
+            let mut got = vec![
+                recv("two jobs start", &mut started).await,
+                recv("two jobs start", &mut started).await,
+            ];
+            got.sort();
+            assert_eq!(got, [format!("{key}-0"), "x".into()], "round {round}");
+            let stats = pool.key_stats(4);
+            assert_eq!(stats.len(), 1, "round {round}: {stats:?}");
+            assert_eq!((stats[0].running, stats[0].queued), (1, 1), "{stats:?}");
+            gate.open();
+            assert_eq!(
+                recv("the key's second job", &mut started).await,
+                format!("{key}-1")
+            );
+            for h in [first, second, other] {
+                within("every job", h).await.unwrap();
+            }
+            pool.idle().await;
+            assert!(
+                pool.key_stats(4).is_empty(),
+                "round {round}: idle lanes are not listed"
+            );
+        }
+    }
+}

@@ -534,7 +534,7 @@ async fn a_free_permit_is_not_held_for_a_busy_pool() {
     assert_eq!(within("p's limited job", on_p).await.unwrap(), "p");
 }
 
-/// Pools sharing a limiter are served in turn (limiter.rs M3): a pool whose
+/// Pools sharing a limiter are served in turn (limiter/mod.rs M3): a pool whose
 /// finishing job gives a permit back cannot take it again for its next job
 /// while another pool waits for it. Before grants, pool `a` re-took the
 /// permit in the same critical section that gave it back, and `b`'s job
@@ -740,4 +740,35 @@ async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
     r1_gate.open();
     within("r1", r1).await.unwrap();
     assert_settled(&l);
+}
+
+/// A `submit()` that waits for room keeps its name, key and limiters for
+/// the try that is accepted (the first try hands them to the job it builds,
+/// and a refusal gives them back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_waiting_for_room_keeps_its_name_key_and_limiters() {
+    let pool = pool(1, 1);
+    let l = Limiter::new(1);
+    let occupied = occupy(&pool, 1).await;
+    let queued = pool.offload(|_| ()).spawn().unwrap();
+    let (inside, watch) = (pool.clone(), l.clone());
+    let mut submit = Box::pin(
+        pool.offload(move |_| (watch.stats().in_use, inside.key_stats(4)))
+            .name("named")
+            .key("k")
+            .limiter(&l)
+            .submit(),
+    );
+    assert!(poll_once(submit.as_mut()).await.is_pending(), "no room yet");
+    assert_eq!(l.stats().waiting, 0, "a refused try counts no waiting job");
+    occupied.release().await;
+    within("the queued job", queued).await.unwrap();
+    let handle = within("room", submit)
+        .await
+        .expect("accepted once room frees");
+    assert_eq!(handle.name(), Some("named"));
+    let (in_use, keys) = within("the job", handle).await.unwrap();
+    assert_eq!(in_use, 1, "the job held its limiter's permit");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!((keys[0].key.to_string(), keys[0].running), ("k".into(), 1));
 }

@@ -33,6 +33,15 @@ pub(crate) use limited::{Blocked, OwnWaitMark};
 /// The default lane's key in the lane slab: inserted first, never removed.
 pub(super) const DEFAULT_LANE: Key = 0;
 
+/// How many emptied keyed lanes a pool keeps for their keys' next jobs
+/// (L3): a key whose jobs come one at a time finds its lane instead of
+/// making it again (a hash-map insert and remove per job).
+const KEEP_IDLE_LANES: usize = 16;
+
+/// A lane slab of more slots than this gives its memory back once only
+/// the default lane holds a job (L3).
+const KEEP_LANE_SLOTS: usize = 4 * KEEP_IDLE_LANES;
+
 /// One lane: its queued jobs (and tombstones) in submission order, and its
 /// counts.
 pub(super) struct Lane {
@@ -51,6 +60,8 @@ pub(super) struct Lane {
     limit: usize,
     /// Linked into the ring of startable lanes.
     in_ring: bool,
+    /// Holds no job and is linked into `State::idle_lanes` (L3).
+    idle: bool,
     /// The limiter (by id) whose list of blocked lanes this lane is in.
     blocked_on: Option<u64>,
     /// A grant of this limiter readied the lane: if the lane does not use
@@ -74,6 +85,7 @@ impl Lane {
             running: 0,
             limit,
             in_ring: false,
+            idle: false,
             blocked_on: None,
             woken_by: None,
             contrib: 0,
@@ -146,11 +158,14 @@ impl State {
             }
         };
         for limiter in core.limiters() {
-            limiter.count_waiting(true);
+            limiter.count_joined();
         }
         if let Some(l) = self.lanes.get_mut(lane) {
             self.jobs.push_back(&mut l.jobs, job);
             l.queued += 1;
+            if std::mem::take(&mut l.idle) {
+                self.lanes.unlink(&mut self.idle_lanes, lane);
+            }
         }
         self.lane_update(lane, after);
     }
@@ -295,7 +310,7 @@ impl State {
     /// or drained): its limiters stop counting it as waiting.
     pub(super) fn lane_left_queue(&mut self, core: &JobCore) {
         for limiter in core.limiters() {
-            limiter.count_waiting(false);
+            limiter.count_left();
         }
     }
 
@@ -325,7 +340,10 @@ impl State {
             }
         }
         let startable = lane.startable() && !self.draining;
-        let unused = lane.is_unused();
+        // L3: a keyed lane left without a job becomes idle.
+        let newly_idle = lane_key != DEFAULT_LANE
+            && lane.is_unused()
+            && !std::mem::replace(&mut lane.idle, true);
         // L5: the jobs of this lane a free permit would start now.
         let contrib = if startable {
             lane.queued.min(lane.limit - lane.running)
@@ -351,15 +369,8 @@ impl State {
                 self.lanes.unlink(&mut self.ring, lane_key);
             }
         }
-        if lane_key != DEFAULT_LANE && unused {
-            if let Some(gone) = self.lanes.remove(lane_key) {
-                if let Some(id) = gone.id {
-                    self.lane_index.remove(&id);
-                }
-            }
-            if self.lanes.len() == 1 {
-                self.compact_lanes();
-            }
+        if newly_idle {
+            self.lane_emptied(lane_key);
         }
         if grew {
             // Fewer queued jobs wait for a permit (L5): a caller waiting
@@ -370,6 +381,33 @@ impl State {
             self.stop_declining(after);
             self.pass_on(&limiter, after);
         }
+    }
+
+    /// L3: the keyed lane `lane_key` (marked idle) holds no job any more:
+    /// it joins the idle lanes, the oldest of which goes if they are too
+    /// many; once only the default lane holds jobs in a slab that outgrew
+    /// `KEEP_LANE_SLOTS`, every idle lane goes and the slab gives its
+    /// memory back.
+    fn lane_emptied(&mut self, lane_key: Key) {
+        self.lanes.push_back(&mut self.idle_lanes, lane_key);
+        if self.idle_lanes.len() > KEEP_IDLE_LANES {
+            self.drop_idle_lane();
+        }
+        if self.lanes.len() == 1 + self.idle_lanes.len() && self.lanes.slots() > KEEP_LANE_SLOTS {
+            while self.drop_idle_lane() {}
+            self.compact_lanes();
+        }
+    }
+
+    /// L3: drops the idle lane emptied first; `false` if there is none.
+    fn drop_idle_lane(&mut self) -> bool {
+        let Some(oldest) = self.lanes.pop_front(&mut self.idle_lanes) else {
+            return false;
+        };
+        if let Some(id) = self.lanes.remove(oldest).and_then(|gone| gone.id) {
+            self.lane_index.remove(&id);
+        }
+        true
     }
 
     /// L3: once only the default lane is left, gives back the memory the
@@ -405,6 +443,7 @@ impl State {
         let mut all: Vec<KeyStats> = self
             .lanes
             .values()
+            .filter(|l| !l.idle)
             .filter_map(|l| {
                 Some(KeyStats {
                     key: l.key()?.clone(),

@@ -44,10 +44,10 @@
 //!   submission order. With only the default lane (no keys), that is the
 //!   pool's FIFO order.
 //! - **L4 (limiters block lanes, not the queue).** A lane whose front job
-//!   cannot have a permit of one of its limiters (limiter.rs) is out of the
+//!   cannot have a permit of one of its limiters (limiter/mod.rs) is out of the
 //!   ring and in exactly one list: `limited[id].lanes`, the lanes blocked on
 //!   that limiter, in the order they blocked (`blocked_on` names it). A
-//!   permit granted to this pool (limiter.rs M3) readies the first of them
+//!   permit granted to this pool (limiter/mod.rs M3) readies the first of them
 //!   at the front of the ring (`woken_by` names the limiter; `readied`
 //!   counts such lanes, each promised a pool permit); a readied lane that
 //!   does not use the grant — its front job was cancelled, needs another
@@ -64,8 +64,12 @@
 //!   (so a key's jobs held back by its limit fill the queue bound), and
 //!   admits beyond the bound a job that would start at once (invariant 8).
 //! - **L3 (lanes follow use).** A keyed lane exists while it holds a queued
-//!   job, a tombstone or a running job; `lane_update` drops it once it holds
-//!   none. The default lane always exists.
+//!   job, a tombstone or a running job, and afterwards only as one of the
+//!   at most `KEEP_IDLE_LANES` most recently emptied (`idle_lanes`, so that
+//!   a key whose jobs come one at a time does not make and drop its lane
+//!   for each); once only the default lane holds a job and the lane slab
+//!   outgrew a few entries, the idle lanes go and the slab gives its
+//!   memory back. The default lane always exists.
 //! - **S3 (ledger).** Every counter changes in the critical section of the
 //!   transition it counts, and [`State::snapshot`] copies them under the
 //!   lock: `accepted = queued + running + terminal` in every snapshot.
@@ -240,18 +244,20 @@ pub(crate) struct State {
     lanes: Slab<lanes::Lane>,
     /// The lanes with a startable job, in the order they take turns (L1).
     ring: List,
+    /// Keyed lanes that hold no job, most recently emptied last (L3).
+    idle_lanes: List,
     /// Keyed lanes by key.
     lane_index: std::collections::HashMap<crate::lane::LaneId, crate::slab::Key>,
     /// The limiters this pool's lanes wait for, by id, each with its lanes
     /// blocked on it in the order they blocked (lanes.rs L4).
     limited: std::collections::HashMap<u64, lanes::Blocked>,
-    /// This pool, as a limiter's watcher (limiter.rs M2).
+    /// This pool, as a limiter's watcher (limiter/mod.rs M2).
     watcher: crate::limiter::PoolRef,
     /// This pool declines limiters' grants: it gave one back for want of a
-    /// permit (limiter.rs M3), until a permit of it frees.
+    /// permit (limiter/mod.rs M3), until a permit of it frees.
     declines: bool,
     /// Lanes readied by a limiter's grant whose start is still to come:
-    /// pool permits promised to grants (limiter.rs M3).
+    /// pool permits promised to grants (limiter/mod.rs M3).
     readied: usize,
     key_limits: KeyLimits,
     /// The lanes an immediate shutdown has still to drain, last first.
@@ -326,6 +332,7 @@ impl State {
             groups: Slab::default(),
             lanes,
             ring: List::default(),
+            idle_lanes: List::default(),
             lane_index: std::collections::HashMap::new(),
             limited: std::collections::HashMap::new(),
             watcher: crate::limiter::PoolRef::new(watcher),

@@ -1,5 +1,5 @@
 //! Lanes and shared limiters: a lane blocked on a full limiter, the
-//! limiter's grants reaching this pool (L4; limiter.rs M2, M3), and the
+//! limiter's grants reaching this pool (L4; limiter/mod.rs M2, M3), and the
 //! lane and limiter part of a function's wait for a queued job of its own
 //! pool. Split from `lanes.rs`, whose lanes these are.
 

@@ -45,13 +45,14 @@
 //!   lane or no permit to use it, by its `Drop`, or reclaimed once the pool
 //!   is gone).
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
-use std::sync::Weak;
 
 use crate::sync::{Arc, Mutex, MutexGuard};
+
+mod grants;
+use grants::LimState;
+pub(crate) use grants::{PoolRef, Wake, Watcher};
 
 /// A count of permits shared by any offloads of any pools: a resource's
 /// own limit ("4 calls to this SDK client at once", "one writer of this
@@ -86,78 +87,19 @@ pub struct Limiter {
 pub(crate) struct Shared {
     /// Orders lock acquisition across limiters (lowest first).
     id: u64,
-    state: Mutex<LimState>,
-    /// Queued jobs that need this limiter (a metric: not part of a proof).
-    waiting: AtomicUsize,
+    /// Jobs that needed this limiter and joined a queue (a metric, counted
+    /// by submitters: `LimState::left` counts those that left it).
+    joined: AtomicUsize,
+    /// On a cache line of its own: the workers that take and give back
+    /// permits do not contend with the submitters that count `joined` and
+    /// clone the limiter.
+    state: Padded<Mutex<LimState>>,
 }
 
-struct LimState {
-    permits: usize,
-    in_use: usize,
-    high_water: usize,
-    /// Pools with a lane blocked on this limiter, in the order they are
-    /// served (M2).
-    waiting: VecDeque<PoolRef>,
-    /// Grants held by pools (M3): permits handed to a waiting pool and not
-    /// yet spent or given back.
-    grants: Vec<(PoolRef, usize)>,
-    /// Their sum.
-    granted: usize,
-    /// Running functions holding a permit that wait, from inside their
-    /// pool, for a queued job of it that needs this limiter too.
-    own_waiters: usize,
-}
-
-/// A pool as a limiter sees it: a weak reference (a limiter never keeps a
-/// pool alive) and whether it declines grants now (M3), readable without
-/// reaching the pool.
-#[derive(Clone)]
-pub(crate) struct PoolRef {
-    pub(crate) weak: Weak<dyn Watcher>,
-    pub(crate) declines: std::sync::Arc<AtomicBool>,
-}
-
-impl PoolRef {
-    pub(crate) fn new(weak: Weak<dyn Watcher>) -> PoolRef {
-        PoolRef {
-            weak,
-            declines: std::sync::Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    pub(crate) fn is(&self, other: &PoolRef) -> bool {
-        Weak::ptr_eq(&self.weak, &other.weak)
-    }
-
-    fn is_gone(&self) -> bool {
-        self.weak.strong_count() == 0
-    }
-
-    /// May be granted a permit now: alive and not declining.
-    fn takes_grants(&self) -> bool {
-        // ORDERING: a hint, set and cleared under the pool's lock; a stale
-        // read grants to a pool that then gives the grant back, or skips
-        // one that the next dispense (when it stops declining) serves.
-        !self.is_gone() && !self.declines.load(StdOrdering::Relaxed)
-    }
-
-    /// Starts or stops declining grants (under the pool's lock).
-    pub(crate) fn set_declines(&self, on: bool) {
-        // ORDERING: see `takes_grants`.
-        self.declines.store(on, StdOrdering::Relaxed);
-    }
-}
-
-/// A pool that waits for a limiter's permits.
-pub(crate) trait Watcher: Send + Sync {
-    /// The pool was granted `n` permits of `limiter` (called after every
-    /// lock is released).
-    fn limiter_freed(&self, limiter: &Limiter, n: usize);
-}
-
-/// Pools to tell, after unlocking, that they were granted a permit of a
-/// limiter (one entry per grant).
-pub(crate) type Wake = (Limiter, Vec<PoolRef>);
+/// Aligns its value to a cache line (128 bytes: two lines on x86-64, whose
+/// prefetcher pulls lines in pairs; one on aarch64's larger lines).
+#[repr(align(128))]
+struct Padded<T>(T);
 
 /// A snapshot of a [`Limiter`]'s counts, from [`Limiter::stats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,16 +130,8 @@ impl Limiter {
             shared: Arc::new(Shared {
                 // ORDERING: only uniqueness matters.
                 id: NEXT_ID.fetch_add(1, StdOrdering::Relaxed),
-                state: Mutex::new(LimState {
-                    permits,
-                    in_use: 0,
-                    high_water: 0,
-                    waiting: VecDeque::new(),
-                    grants: Vec::new(),
-                    granted: 0,
-                    own_waiters: 0,
-                }),
-                waiting: AtomicUsize::new(0),
+                joined: AtomicUsize::new(0),
+                state: Padded(Mutex::new(LimState::new(permits))),
             }),
         }
     }
@@ -225,11 +159,15 @@ impl Limiter {
     /// Its counts now.
     pub fn stats(&self) -> LimiterStats {
         let s = self.lock();
+        // ORDERING: a metric. `left` holds still while the lock is held,
+        // and each job it counts joined (under its pool's lock) before it
+        // left (under the same pool lock, then this lock): the count read
+        // after locking is never below it.
+        let joined = self.shared.joined.load(StdOrdering::Relaxed);
         LimiterStats {
             permits: s.permits,
             in_use: s.in_use,
-            // ORDERING: a metric.
-            waiting: self.shared.waiting.load(StdOrdering::Relaxed),
+            waiting: joined.saturating_sub(s.left),
             high_water: s.high_water,
             pools_waiting: s.waiting.iter().filter(|w| !w.is_gone()).count(),
         }
@@ -242,18 +180,21 @@ impl Limiter {
     fn lock(&self) -> MutexGuard<'_, LimState> {
         self.shared
             .state
+            .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A job that needs this limiter was queued (`+1`) or left the queue.
-    pub(crate) fn count_waiting(&self, joined: bool) {
-        // ORDERING: a metric.
-        if joined {
-            self.shared.waiting.fetch_add(1, StdOrdering::Relaxed);
-        } else {
-            self.shared.waiting.fetch_sub(1, StdOrdering::Relaxed);
-        }
+    /// A job that needs this limiter was queued.
+    pub(crate) fn count_joined(&self) {
+        // ORDERING: a metric (see `stats`).
+        self.shared.joined.fetch_add(1, StdOrdering::Relaxed);
+    }
+
+    /// A queued job that needs this limiter left the queue without
+    /// starting (a start counts itself when it takes its permit).
+    pub(crate) fn count_left(&self) {
+        self.lock().left += 1;
     }
 
     /// Tells each pool of `granted` of its grant (after every lock is
@@ -336,8 +277,6 @@ pub(crate) fn try_acquire_all(limiters: &[Limiter], pool: &PoolRef) -> Result<()
             return Err(l.clone());
         }
         s.take_one(pool);
-        drop(s);
-        l.count_waiting(false);
         return Ok(());
     }
     let mut held: Vec<MutexGuard<'_, LimState>> = Vec::with_capacity(limiters.len());
@@ -349,134 +288,10 @@ pub(crate) fn try_acquire_all(limiters: &[Limiter], pool: &PoolRef) -> Result<()
         }
         held.push(s);
     }
-    for (s, l) in held.iter_mut().zip(limiters) {
+    for s in &mut held {
         s.take_one(pool);
-        l.count_waiting(false);
     }
     Ok(())
-}
-
-impl LimState {
-    /// Permits neither held nor granted.
-    fn free(&self) -> usize {
-        self.permits
-            .saturating_sub(self.in_use.saturating_add(self.granted))
-    }
-
-    /// How many grants `pool` holds.
-    fn grants_of(&self, pool: &PoolRef) -> usize {
-        self.grants
-            .iter()
-            .find(|(w, _)| w.is(pool))
-            .map_or(0, |&(_, n)| n)
-    }
-
-    /// M1: whether `pool` may take a permit now: it holds a grant (and the
-    /// count allows it), or a permit is neither held nor granted. Grants
-    /// of pools that are gone are reclaimed first when nothing else is
-    /// free.
-    fn may_take(&mut self, pool: &PoolRef) -> bool {
-        if (self.grants_of(pool) > 0 && self.in_use < self.permits) || self.free() > 0 {
-            return true;
-        }
-        self.reclaim_gone();
-        self.free() > 0
-    }
-
-    /// M1: one permit taken by `pool`, spending a grant if it holds one.
-    fn take_one(&mut self, pool: &PoolRef) {
-        self.give_back(pool, 1);
-        self.in_use += 1;
-        self.high_water = self.high_water.max(self.in_use);
-    }
-
-    /// M3: `pool` gives back up to `n` of its grants; `true` if it held
-    /// any.
-    fn give_back(&mut self, pool: &PoolRef, n: usize) -> bool {
-        let Some(i) = self.grants.iter().position(|(w, _)| w.is(pool)) else {
-            return false;
-        };
-        let entry = &mut self.grants[i].1;
-        let back = n.min(*entry);
-        *entry -= back;
-        self.granted -= back;
-        if *entry == 0 {
-            self.grants.swap_remove(i);
-        }
-        back > 0
-    }
-
-    /// M3: the grants of pools that are gone come back.
-    fn reclaim_gone(&mut self) {
-        let mut back = 0;
-        self.grants.retain(|(w, n)| {
-            let gone = w.is_gone();
-            if gone {
-                back += n;
-            }
-            !gone
-        });
-        self.granted -= back;
-    }
-
-    /// M3: no more grants than free permits (after a decrease).
-    fn revoke_excess(&mut self) {
-        let allowed = self.permits.saturating_sub(self.in_use);
-        while self.granted > allowed {
-            let Some(last) = self.grants.last_mut() else {
-                break;
-            };
-            last.1 -= 1;
-            self.granted -= 1;
-            if last.1 == 0 {
-                self.grants.pop();
-            }
-        }
-    }
-
-    /// M3: grants free permits to waiting pools that take grants, first
-    /// waiting first; each pool served goes to the back of the queue.
-    /// Adds one entry per grant to `granted`.
-    fn dispense(&mut self, granted: &mut Vec<PoolRef>) {
-        if self.waiting.is_empty() {
-            return;
-        }
-        self.reclaim_gone();
-        // Pools that are gone leave the queue.
-        self.waiting.retain(|w| !w.is_gone());
-        while self.free() > 0 {
-            let Some(i) = self.waiting.iter().position(PoolRef::takes_grants) else {
-                break;
-            };
-            let Some(pool) = self.waiting.remove(i) else {
-                break;
-            };
-            match self.grants.iter_mut().find(|(w, _)| w.is(&pool)) {
-                Some((_, n)) => *n += 1,
-                None => self.grants.push((pool.clone(), 1)),
-            }
-            self.granted += 1;
-            granted.push(pool.clone());
-            self.waiting.push_back(pool);
-        }
-    }
-
-    /// M2: `pool` found no permit; it waits from now on, once.
-    fn watch(&mut self, pool: &PoolRef) {
-        if !self.waiting.iter().any(|w| w.is(pool)) {
-            // Pools gone since they joined leave here.
-            self.waiting.retain(|w| !w.is_gone());
-            self.waiting.push_back(pool.clone());
-        }
-    }
-
-    /// A new count of permits: a decrease revokes grants beyond it, an
-    /// increase is granted to waiting pools (M3).
-    fn set_permits(&mut self, permits: usize, granted: &mut Vec<PoolRef>) {
-        self.permits = permits;
-        self.revoke_excess();
-        self.dispense(granted);
-    }
 }
 
 /// Gives back one permit of each of `limiters` (M1) and grants it to the

@@ -772,3 +772,26 @@ async fn a_submit_waiting_for_room_keeps_its_name_key_and_limiters() {
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert_eq!((keys[0].key.to_string(), keys[0].running), ("k".into(), 1));
 }
+
+/// A pool leaves a limiter's line as soon as no lane of it is blocked on
+/// the limiter: when the blocked job is cancelled, and when it starts
+/// (kills the mutant of `State::stop_waiting` that keeps the pool in line:
+/// found by mutation testing of state/lanes/limited.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_leaves_the_line_once_no_lane_waits() {
+    let l = Limiter::new(1);
+    let pool = pool(2, 16);
+    // Cancelled while blocked.
+    let (_holder_pool, gate, holder) = held_elsewhere(&l).await;
+    let blocked = pool.offload(|_| ()).limiter(&l).spawn().unwrap();
+    eventually("the pool waits in line", || l.stats().pools_waiting == 1).await;
+    assert!(blocked.cancel());
+    assert_eq!(l.stats().pools_waiting, 0, "{:?}", l.stats());
+    // Started once the permit came back.
+    let waiting = pool.offload(|_| ()).limiter(&l).spawn().unwrap();
+    eventually("the pool waits in line", || l.stats().pools_waiting == 1).await;
+    gate.open();
+    within("the holder", holder).await.unwrap();
+    within("the waiting job", waiting).await.unwrap();
+    assert_settled(&l);
+}

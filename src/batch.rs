@@ -110,14 +110,14 @@ impl Offloader {
     /// assert_eq!((winner, value), (0, 0)); // the others were stopped at once
     /// # Ok(()) }
     /// ```
-    pub async fn invoke_any<I, F, T, E>(&self, fs: I) -> Result<(usize, T), Vec<BatchError<E>>>
+    pub fn invoke_any<I, F, T, E>(&self, fs: I) -> InvokeAny<F>
     where
         I: IntoIterator<Item = F>,
         F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: Send + 'static,
     {
-        invoke_any(&Target::Pool(self.clone()), fs).await
+        InvokeAny::new(Target::Pool(self.clone()), fs)
     }
 }
 
@@ -134,20 +134,97 @@ impl JobGroup {
 
     /// [`Offloader::invoke_any`] with every job in a new child of this
     /// group (stopping this group stops the race too).
-    pub async fn invoke_any<I, F, T, E>(&self, fs: I) -> Result<(usize, T), Vec<BatchError<E>>>
+    pub fn invoke_any<I, F, T, E>(&self, fs: I) -> InvokeAny<F>
     where
         I: IntoIterator<Item = F>,
         F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: Send + 'static,
     {
-        invoke_any(&Target::Group(self.clone()), fs).await
+        InvokeAny::new(Target::Group(self.clone()), fs)
     }
 }
 
-async fn invoke_any<I, F, T, E>(target: &Target, fs: I) -> Result<(usize, T), Vec<BatchError<E>>>
+/// A race of functions on their way into a pool, from
+/// [`Offloader::invoke_any`] or [`JobGroup::invoke_any`]: await it for the
+/// first success (its index and value), or for every error.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = offloader::Offloader::builder().max_in_flight(4).build()?;
+/// let replica = offloader::Limiter::new(1); // one call to the replica at a time
+/// let calls = [1, 2, 3].map(|n| move |_: &offloader::StopToken| Ok::<_, String>(n));
+/// let (winner, value) = pool
+///     .invoke_any(calls)
+///     .key("replica-a")
+///     .limiter(&replica)
+///     .await
+///     .map_err(|e| format!("{e:?}"))?;
+/// assert_eq!((winner, value), (0, 1)); // the limiter lets them run one by one
+/// assert_eq!(replica.stats().high_water, 1);
+/// # Ok(()) }
+/// ```
+#[must_use = "a race does nothing until it is awaited"]
+pub struct InvokeAny<F> {
+    target: Target,
+    fs: Vec<F>,
+    lanes: BatchLanes,
+}
+
+impl<F> InvokeAny<F> {
+    fn new(target: Target, fs: impl IntoIterator<Item = F>) -> Self {
+        InvokeAny {
+            target,
+            fs: fs.into_iter().collect(),
+            lanes: BatchLanes::default(),
+        }
+    }
+
+    /// Every job of the race in `key`'s lane
+    /// ([`Offload::key`](crate::Offload::key)).
+    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
+        self.lanes.key(key);
+        self
+    }
+
+    /// Every job of the race needs a permit of `limiter`
+    /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
+    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
+        self.lanes.limiter(limiter);
+        self
+    }
+}
+
+impl<F, T, E> IntoFuture for InvokeAny<F>
 where
-    I: IntoIterator<Item = F>,
+    F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    type Output = Result<(usize, T), Vec<BatchError<E>>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let InvokeAny { target, fs, lanes } = self;
+        Box::pin(async move { invoke_any(&target, fs, &lanes).await })
+    }
+}
+
+impl<F> fmt::Debug for InvokeAny<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InvokeAny")
+            .field("jobs", &self.fs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+async fn invoke_any<F, T, E>(
+    target: &Target,
+    fs: Vec<F>,
+    lanes: &BatchLanes,
+) -> Result<(usize, T), Vec<BatchError<E>>>
+where
     F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
     T: Send + 'static,
     E: Send + 'static,
@@ -157,7 +234,10 @@ where
     let mut set = ReadySet::new();
     let mut errors = Vec::new();
     for (i, f) in fs.into_iter().enumerate() {
-        set.push(group.offload(f).without_spin().into_future(), i);
+        set.push(
+            lanes.apply(group.offload(f).without_spin()).into_future(),
+            i,
+        );
         errors.push(None);
     }
     while let Some((i, outcome)) = poll_fn(|cx| set.poll_next(cx)).await {

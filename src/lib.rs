@@ -60,7 +60,7 @@ mod loom_limiters;
 mod loom_tests;
 
 pub use awaited::OffloadFuture;
-pub use batch::{BatchError, InvokeAll};
+pub use batch::{BatchError, InvokeAll, InvokeAny};
 pub use config::{
     Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
     DEFAULT_QUEUE_CAPACITY,

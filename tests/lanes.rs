@@ -528,6 +528,53 @@ async fn batch_calls_take_a_key_and_limiters() {
     assert_eq!(l.stats().high_water, 1);
 }
 
+/// `invoke_any` takes a key and limiters too: the race's jobs wait in the
+/// key's lane for the limiter's one permit, the first one's error lets the
+/// second run, and its success ends the race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_any_takes_a_key_and_limiters() {
+    let pool = builder(4, 64).build().unwrap();
+    let l = offloader::Limiter::new(1);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let fs: Vec<_> = (0..3)
+        .map(|i| {
+            let (hold, tx) = (hold.clone(), tx.clone());
+            move |_: &offloader::StopToken| {
+                tx.send(i).unwrap();
+                hold.wait();
+                if i == 0 {
+                    Err(i)
+                } else {
+                    Ok(i)
+                }
+            }
+        })
+        .collect();
+    let race = tokio::spawn(std::future::IntoFuture::into_future(
+        pool.invoke_any(fs).key("replica").limiter(&l),
+    ));
+    assert_eq!(recv("the race's first job", &mut started).await, 0);
+    eventually("the others wait for the limiter in the key's lane", || {
+        let s = l.stats();
+        let k = pool.key_stats(1);
+        (s.in_use, s.waiting) == (1, 2)
+            && k.first().is_some_and(|k| (k.running, k.queued) == (1, 2))
+    })
+    .await;
+    assert_eq!(pool.key_stats(1)[0].key.to_string(), "replica");
+    gate.open();
+    assert_eq!(recv("the second job", &mut started).await, 1);
+    let won = within("invoke_any", race).await.unwrap();
+    assert_eq!(won.map_err(|e| e.len()), Ok((1, 1)));
+    pool.idle().await;
+    // The third was cancelled, or started in the instant between the
+    // winner's return and the race's stop (the winner's worker takes the
+    // next job as it finishes): either way, one permit of the limiter.
+    assert_eq!(l.stats().high_water, 1);
+    assert_ledger(&pool.metrics());
+}
+
 /// Collects a stream (no stream-utilities dependency).
 async fn collect_stream<S: futures_core::Stream + Unpin>(mut s: S) -> Vec<S::Item> {
     let mut out = Vec::new();

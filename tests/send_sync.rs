@@ -81,4 +81,17 @@ fn futures_of_real_closures_can_be_spawned_on_tokio() {
     let free = offloader::offload(|_stop| 1u8).into_future();
     spawnable(&free);
     drop(free);
+
+    // Batch calls: movable before they are awaited, spawnable after.
+    let calls = [|_: &offloader::StopToken| Ok::<u8, String>(1)];
+    let race = pool.invoke_any(calls).key("k");
+    send_val(&race);
+    let race = race.into_future();
+    spawnable(&race);
+    drop(race);
+    let all = pool.invoke_all([|_: &offloader::StopToken| 1u8]);
+    send_val(&all);
+    let all = all.into_future();
+    spawnable(&all);
+    drop(all);
 }

@@ -181,19 +181,7 @@ impl<F> InvokeAny<F> {
         }
     }
 
-    /// Every job of the race in `key`'s lane
-    /// ([`Offload::key`](crate::Offload::key)).
-    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
-        self.lanes.key(key);
-        self
-    }
-
-    /// Every job of the race needs a permit of `limiter`
-    /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
-    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
-        self.lanes.limiter(limiter);
-        self
-    }
+    lane_methods!("race");
 }
 
 impl<F, T, E> IntoFuture for InvokeAny<F>
@@ -269,6 +257,28 @@ pub struct InvokeAll<F> {
     lanes: BatchLanes,
 }
 
+/// `key` and `limiter` of a builder of many jobs (`InvokeAll`, `InvokeAny`,
+/// `Map`), with a `lanes: BatchLanes` field; `$what` names the jobs' whole
+/// in the docs.
+macro_rules! lane_methods {
+    ($what:literal) => {
+        #[doc = concat!("Every job of the ", $what, " in `key`'s lane")]
+        /// ([`Offload::key`](crate::Offload::key)).
+        pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
+            self.lanes.key(key);
+            self
+        }
+
+        #[doc = concat!("Every job of the ", $what, " needs a permit of `limiter`")]
+        /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
+        pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
+            self.lanes.limiter(limiter);
+            self
+        }
+    };
+}
+pub(crate) use lane_methods;
+
 /// The key and limiters every job of a batch gets.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BatchLanes {
@@ -312,19 +322,7 @@ impl<F> InvokeAll<F> {
         }
     }
 
-    /// Every job of the batch in `key`'s lane
-    /// ([`Offload::key`](crate::Offload::key)).
-    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
-        self.lanes.key(key);
-        self
-    }
-
-    /// Every job of the batch needs a permit of `limiter`
-    /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
-    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
-        self.lanes.limiter(limiter);
-        self
-    }
+    lane_methods!("batch");
 
     /// Stops waiting after `limit` (from the batch's first poll):
     /// jobs still unfinished then follow their abandon policy, and their

@@ -132,18 +132,7 @@ impl<It, F, T, E> Map<It, F, T, E> {
         }
     }
 
-    /// Every job in `key`'s lane ([`Offload::key`](crate::Offload::key)).
-    pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
-        self.lanes.key(key);
-        self
-    }
-
-    /// Every job needs a permit of `limiter`
-    /// ([`Offload::limiter`](crate::Offload::limiter)); several allowed.
-    pub fn limiter(mut self, limiter: &crate::Limiter) -> Self {
-        self.lanes.limiter(limiter);
-        self
-    }
+    crate::batch::lane_methods!("map");
 
     /// At most `k` jobs in flight (at least 1). In input order, at most `k`
     /// outcomes wait to be yielded too. Items are taken `k` at a time as

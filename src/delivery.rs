@@ -9,10 +9,11 @@
 //! joined at termination like every pool thread.
 
 use crate::observer::deliver;
-use crate::pool::{Inner, Waiting};
+use crate::pool::Inner;
 use crate::slab::Key;
 use crate::state::{After, State, Waiters};
 use crate::sync::Arc;
+use crate::waits::Waiting;
 
 impl Inner {
     /// Whether the current thread is this pool's delivery thread: the

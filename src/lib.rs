@@ -34,7 +34,9 @@ mod state;
 
 mod config;
 mod delivery;
+mod monitor;
 mod pool;
+mod waits;
 mod worker;
 
 mod lanes;
@@ -54,6 +56,8 @@ mod batch;
 mod interop;
 mod map;
 
+#[cfg(all(test, loom))]
+mod loom_groups;
 #[cfg(all(test, loom))]
 mod loom_limiters;
 #[cfg(all(test, loom))]

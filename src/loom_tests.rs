@@ -17,9 +17,12 @@
 //! | `job_stop_callback_vs_request` | stop.rs inv. 2–3 on a *job's* token (the job is its own stop source; its `StopExt` is created lazily under the job's slot lock): a callback registered by the running function while `JobHandle::stop` fires runs exactly once, whether the stop comes before, during or after the registration |
 //! | `job_stop_callback_drop_vs_request` | stop.rs inv. 4 on a job's token: once the function has dropped its guard, the callback is not running and never runs |
 //! | `completion_vs_replaced_async_waker` | job.rs inv. 3 with the async waker: a handle polled with one waker, then awaited with another (`will_wake` false, replaced under the slot lock) never misses the outcome |
-//! | `group_stop_vs_start` | state/groups.rs G2 and G1: a group stop racing its queued member's start either cancels it (never runs) or leaves it running with its token set (or finds it finished); the group's and the pool's ledgers agree |
-//! | `nested_stop_vs_child_offload` | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
+//! | `group_stop_vs_start` (loom_groups.rs) | state/groups.rs G2 and G1: a group stop racing its queued member's start either cancels it (never runs) or leaves it running with its token set (or finds it finished); the group's and the pool's ledgers agree |
+//! | `nested_stop_vs_child_offload` (loom_groups.rs) | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
 //! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
+//!
+//! The models of shared limiters (limiter/mod.rs M1–M3) are in
+//! `loom_limiters.rs`, whose module docs say what each covers.
 
 use std::future::Future as _;
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
@@ -481,97 +484,4 @@ fn abandon_cancel_and_stop_vs_start() {
         "stop requested",
         "already finished",
     ]);
-}
-
-#[test]
-fn group_stop_vs_start() {
-    static BRANCHES: Branches<3> = Branches::new();
-    loom::model(|| {
-        let pool = pool(1);
-        let group = pool.group();
-        let ran = Arc::new(AtomicBool::new(false));
-        let r = ran.clone();
-        let job = group
-            .offload(move |stop| {
-                r.store(true, Ordering::SeqCst);
-                stop.is_stopped()
-            })
-            .spawn()
-            .expect("accepted");
-        let stopper = {
-            let group = group.clone();
-            thread::spawn(move || group.stop())
-        };
-        let outcome = job.blocking_wait();
-        assert!(stopper.join().unwrap(), "the first stop");
-        let ran = ran.load(Ordering::SeqCst);
-        match outcome {
-            Err(Error::Cancelled { .. }) => {
-                assert!(!ran, "a cancelled job never runs");
-                BRANCHES.hit(0);
-            }
-            Ok(true) => {
-                assert!(ran);
-                BRANCHES.hit(1);
-            }
-            Ok(false) => {
-                // Returned before the stop reached it.
-                assert!(ran);
-                BRANCHES.hit(2);
-            }
-            Err(e) => panic!("unexpected outcome {e}"),
-        }
-        let m = group.metrics();
-        assert!(m.ledger_balances() && m.stopped, "{m:?}");
-        assert_eq!((m.accepted, m.cancelled + m.completed), (1, 1));
-        let p = pool.metrics();
-        assert_eq!((p.cancelled, p.completed), (m.cancelled, m.completed));
-        drop(group);
-        drop(pool);
-    });
-    BRANCHES.assert_all(["cancelled", "ran, stopped", "ran before the stop"]);
-}
-
-#[test]
-fn nested_stop_vs_child_offload() {
-    static BRANCHES: Branches<3> = Branches::new();
-    loom::model(|| {
-        let pool = pool(1);
-        let parent = pool.group();
-        let child = parent.child();
-        let stopper = {
-            let parent = parent.clone();
-            thread::spawn(move || parent.stop())
-        };
-        let ran = Arc::new(AtomicBool::new(false));
-        let r = ran.clone();
-        match child
-            .offload(move |_| r.store(true, Ordering::SeqCst))
-            .spawn()
-        {
-            Err(refused) => {
-                assert!(matches!(refused.reason(), crate::Rejected::GroupStopped));
-                BRANCHES.hit(0);
-            }
-            Ok(job) => match job.blocking_wait() {
-                Err(Error::Cancelled { .. }) => {
-                    assert!(!ran.load(Ordering::SeqCst));
-                    BRANCHES.hit(1);
-                }
-                Ok(()) => {
-                    assert!(ran.load(Ordering::SeqCst));
-                    BRANCHES.hit(2);
-                }
-                Err(e) => panic!("unexpected outcome {e}"),
-            },
-        }
-        stopper.join().unwrap();
-        assert!(child.is_stopped(), "a parent's stop reaches its child");
-        let (c, p) = (child.metrics(), parent.metrics());
-        assert!(c.ledger_balances() && p.ledger_balances());
-        assert_eq!(c.accepted, p.accepted, "the parent counts its child's jobs");
-        assert_eq!(c.accepted + c.rejected, 1);
-        drop((child, parent, pool));
-    });
-    BRANCHES.assert_all(["refused", "cancelled", "ran"]);
 }

@@ -14,10 +14,11 @@ use crate::handle::JobHandle;
 use crate::job::Job;
 use crate::job_core::JobCore;
 use crate::policy::AbandonPolicy;
-use crate::pool::{Offloader, Waiting};
+use crate::pool::Offloader;
 use crate::state::Waiters;
 use crate::stop::StopToken;
 use crate::sync::Arc;
+use crate::waits::Waiting;
 
 /// One blocking function on its way into an [`Offloader`]: set a name, a
 /// timeout, a deadline or an abandon policy, then either `.await` it or

@@ -13,13 +13,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::time::Duration;
 
 use crate::config::{Builder, Config};
-use crate::error::{BuildError, Error, Rejected};
+use crate::error::{BuildError, Rejected};
 use crate::id::JobId;
 use crate::job::{Job, Task};
-use crate::job_core::JobCore;
 use crate::metrics::Metrics;
 use crate::quiet::call_quietly;
-use crate::state::{After, Room, State, Waiters, Worker};
+use crate::state::{After, Room, State, Worker};
 use crate::stop::StopToken;
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
 use crate::wait_list::WaitList;
@@ -471,70 +470,5 @@ impl Inner {
 fn warn_delivery(error: Option<std::io::Error>) {
     if let Some(e) = error {
         tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job or the shutdown");
-    }
-}
-
-/// A function of a pool blocked waiting for a queued job of the same pool
-/// (ARCHITECTURE.md "Waiting from inside the pool"); dropping it ends the
-/// wait's registration.
-pub(crate) struct OwnWait<'a> {
-    inner: &'a Inner,
-    mark: Option<crate::state::OwnWaitMark>,
-}
-
-impl Drop for OwnWait<'_> {
-    fn drop(&mut self) {
-        if let Some(mark) = self.mark.take() {
-            self.inner.lock().own_wait_ended(mark);
-        }
-    }
-}
-
-impl Inner {
-    /// Registers a blocking wait for `core` made by a function running on
-    /// this pool while `core` is queued. Fails with
-    /// [`Error::WouldDeadlock`] if that would make every permit held by such
-    /// a wait (the job could never start). `None` when the wait is not from
-    /// this pool's worker or the job is not queued.
-    pub(crate) fn enter_own_wait(&self, core: &JobCore) -> Result<Option<OwnWait<'_>>, Error> {
-        if !self.is_own_worker() {
-            return Ok(None);
-        }
-        let mut s = self.lock();
-        if core.state() != crate::id::JobState::Queued {
-            return Ok(None);
-        }
-        match s.own_wait_begins(crate::sync::current_job(), core) {
-            Ok(mark) => Ok(Some(OwnWait {
-                inner: self,
-                mark: Some(mark),
-            })),
-            Err(()) => {
-                drop(s);
-                tracing::warn!(id = core.id.0, "a function blocked waiting for a queued job of its own pool, key or limiter with every permit so held: refused instead of deadlocking");
-                Err(Error::WouldDeadlock { id: core.id })
-            }
-        }
-    }
-}
-
-/// Counts one waiter in a [`State`] waiter count for as long as it exists,
-/// so that the transitions it waits for signal it; a dropped wait (a future
-/// cancelled mid-await) unregisters. The one way waiters are counted.
-pub(crate) struct Waiting<'a> {
-    inner: &'a Inner,
-    which: Waiters,
-}
-
-impl<'a> Waiting<'a> {
-    pub(crate) fn new(inner: &'a Inner, which: Waiters) -> Self {
-        *inner.lock().waiters(which) += 1;
-        Waiting { inner, which }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        *self.inner.lock().waiters(self.which) -= 1;
     }
 }

@@ -36,12 +36,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::clock::Began;
-use crate::pool::{Inner, Offloader, Waiting};
+use crate::pool::{Inner, Offloader};
 use crate::quiet::drop_quietly;
 use crate::report::{CloseReport, RunningJob, UnstartedJob};
-use crate::slab::Key;
 use crate::state::{After, State, Waiters};
 use crate::sync::Arc;
+use crate::waits::Waiting;
 
 /// Jobs `shutdown_now` drains per critical section: few enough that their
 /// memory (about 128 KiB of jobs) is still in a core's cache when their
@@ -468,51 +468,4 @@ pub(crate) fn blocking_wait(
             Err(poisoned) => poisoned.into_inner().0,
         };
     }
-}
-
-impl Inner {
-    /// The stuck-job monitor: reports each job running longer than
-    /// `stuck_after` once at `warn`; exits when the pool has shut down, is
-    /// idle and has no worker left.
-    pub(crate) fn monitor_loop(self: Arc<Self>, slot: Key) {
-        let threshold = self.config.stuck_after.unwrap_or(Duration::MAX);
-        let tick = monitor_tick(threshold);
-        // Counted as a waiter so that the last worker's exit wakes it.
-        let registered = Waiting::new(&self, Waiters::Settle);
-        let mut s = self.lock();
-        while !s.workers_done() {
-            let stuck = s.newly_stuck(threshold);
-            drop(s);
-            for task in stuck {
-                let core = task.core();
-                tracing::warn!(
-                    parent: &core.span(),
-                    running_for = ?core.clock(),
-                    stop_requested = core.is_stop_requested(),
-                    "job is stuck: it has run longer than the stuck_after threshold"
-                );
-                drop_quietly(task);
-            }
-            s = self.lock();
-            if s.workers_done() {
-                break;
-            }
-            s = match self.changed.wait_timeout(s, tick) {
-                Ok((g, _)) => g,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-        }
-        drop(s);
-        drop(registered);
-        let mut after = After::default();
-        let earlier = self.lock().monitor_exit(slot, &mut after);
-        self.after(after);
-        self.join(earlier);
-    }
-}
-
-/// How often the monitor looks: a quarter of the threshold, between 10 ms
-/// and 1 s.
-fn monitor_tick(threshold: Duration) -> Duration {
-    (threshold / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }

@@ -71,7 +71,7 @@ pub(super) struct Lane {
     /// would start now (L5).
     contrib: usize,
     /// Its running functions blocked waiting for one of its queued jobs
-    /// (pool.rs `enter_own_wait`).
+    /// (waits.rs `enter_own_wait`).
     own_waiters: usize,
 }
 

@@ -219,7 +219,7 @@ struct Parked {
     thread: thread::Thread,
 }
 
-/// Which waiter count a [`Waiting`](crate::pool::Waiting) guard holds.
+/// Which waiter count a [`Waiting`](crate::waits::Waiting) guard holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Waiters {
     /// Callers waiting for room in a full queue.

@@ -61,9 +61,9 @@ impl Inner {
 }
 
 impl crate::limiter::Watcher for Inner {
-    fn limiter_freed(&self, limiter: &crate::Limiter, n: usize) {
+    fn limiter_freed(&self, limiter: &crate::Limiter) {
         let mut after = After::default();
-        self.lock().limiter_freed(limiter, n, &mut after);
+        self.lock().limiter_freed(limiter, &mut after);
         self.after(after);
     }
 }

@@ -71,9 +71,9 @@ impl PoolRef {
 
 /// A pool that waits for a limiter's permits.
 pub(crate) trait Watcher: Send + Sync {
-    /// The pool was granted `n` permits of `limiter` (called after every
-    /// lock is released).
-    fn limiter_freed(&self, limiter: &Limiter, n: usize);
+    /// The pool was granted a permit of `limiter` (called after every lock
+    /// is released, once per grant).
+    fn limiter_freed(&self, limiter: &Limiter);
 }
 
 /// Pools to tell, after unlocking, that they were granted a permit of a

@@ -202,7 +202,7 @@ impl Limiter {
     pub(crate) fn wake(&self, granted: &[PoolRef]) {
         for w in granted {
             if let Some(pool) = w.weak.upgrade() {
-                pool.limiter_freed(self, 1);
+                pool.limiter_freed(self);
             }
         }
     }

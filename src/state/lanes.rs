@@ -379,7 +379,7 @@ impl State {
         }
         if let Some(limiter) = passed {
             self.stop_declining(after);
-            self.pass_on(&limiter, after);
+            self.limiter_freed(&limiter, after);
         }
     }
 

@@ -42,7 +42,7 @@ impl State {
         self.counts.queue_wait_total += core.mark_started(now);
         // Only now: the start holds its pool permit (lanes.rs `lane_pop`).
         if let Some(limiter) = passed {
-            self.pass_on(&limiter, after);
+            self.limiter_freed(&limiter, after);
         }
         self.event(core, EventKind::Started, after);
         Some(task)

@@ -45,7 +45,7 @@ impl State {
         if let Some(woken) = woken {
             self.readied_gave_up(after);
             if woken.id() != id {
-                self.pass_on(&woken, after);
+                self.limiter_freed(&woken, after);
             }
         }
     }
@@ -71,21 +71,14 @@ impl State {
         }
     }
 
-    /// This pool was granted `n` permits of `limiter` (M3): readies up to
-    /// `n` lanes blocked on it, first blocked first (L4), as many as it has
-    /// pool permits for; gives back the grants no lane is left to use, and
-    /// those it has no permit for (declining grants until one frees).
-    pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, n: usize, after: &mut After) {
-        for i in 0..n {
-            if !self.use_grant(limiter, after) {
-                return self.give_grants_back(limiter, n - i, after);
-            }
-        }
-    }
-
-    /// A lane readied by `limiter`'s grant does not use it: the next lane
-    /// blocked on it is readied instead, or the grant goes back (L4, M3).
-    pub(in crate::state) fn pass_on(&mut self, limiter: &Limiter, after: &mut After) {
+    /// This pool was granted a permit of `limiter` (M3), or a lane readied
+    /// by such a grant does not use it: readies the first lane blocked on
+    /// it (L4) if the pool has a pool permit for it; else gives the grant
+    /// back (declining grants until a permit frees, if lanes still wait for
+    /// the limiter). A pool granted several permits at once is told once
+    /// per grant: each try that fails leaves the next one failing too (no
+    /// permit, or no lane left), so each gives back its own grant.
+    pub(crate) fn limiter_freed(&mut self, limiter: &Limiter, after: &mut After) {
         if !self.use_grant(limiter, after) {
             self.give_grants_back(limiter, 1, after);
         }
@@ -104,15 +97,17 @@ impl State {
         let mut own = Vec::new();
         let me = &self.watcher;
         after.limiter_wakes.retain_mut(|(limiter, granted)| {
-            let before = granted.len();
-            granted.retain(|p| !p.is(me));
-            if granted.len() < before {
-                own.push((limiter.clone(), before - granted.len()));
-            }
+            granted.retain(|p| {
+                let mine = p.is(me);
+                if mine {
+                    own.push(limiter.clone());
+                }
+                !mine
+            });
             !granted.is_empty()
         });
-        for (limiter, n) in own {
-            self.limiter_freed(&limiter, n, after);
+        for limiter in own {
+            self.limiter_freed(&limiter, after);
         }
     }
 

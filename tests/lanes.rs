@@ -399,6 +399,48 @@ async fn waiting_for_a_queued_job_of_the_own_key_at_its_limit_cannot_deadlock() 
     assert_eq!(within("outer", outer).await.unwrap(), Ok(7));
 }
 
+/// A wait for a queued job of the own key that ended (here by its
+/// timeout) gives its count back: the same wait again times out as before
+/// instead of being refused as `WouldDeadlock` (kills the mutants of
+/// `State::lane_own_wait_ended` that keep the count: found by mutation
+/// testing of state/lanes/limited.rs). The waited job stays queued behind
+/// a plain job holding the pool's other permit until the waiter lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_wait_for_the_own_key_gives_its_count_back() {
+    let pool = Offloader::builder()
+        .max_in_flight(2)
+        .max_per_key(2)
+        .build()
+        .unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let blocker = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait()
+        })
+        .spawn()
+        .unwrap();
+    recv("the blocker", &mut started).await;
+    let p = pool.clone();
+    let outer = pool
+        .offload(move |_| {
+            let mut same = p.offload(|_| 7).key("k").spawn().unwrap();
+            let mut tries = Vec::new();
+            for _ in 0..3 {
+                let e = same.blocking_wait_timeout(SHORT).unwrap_err();
+                tries.push(e.is_timeout());
+            }
+            gate.open();
+            (tries, same.blocking_wait().map_err(|e| e.to_string()))
+        })
+        .key("k");
+    let (tries, last) = within("outer", outer).await.unwrap();
+    assert_eq!(tries, [true; 3], "each wait times out; none is refused");
+    assert_eq!(last, Ok(7));
+    within("the blocker", blocker).await.unwrap();
+}
+
 /// Reports carry a job's key: every observer event, the unstarted jobs
 /// `shutdown_now` hands back and the functions a `close` leaves running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

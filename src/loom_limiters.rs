@@ -2,7 +2,9 @@
 //! cancel racing a limited job's start leaks no permit, and two pools
 //! taking two limiters in opposite orders neither deadlock nor lose the
 //! wake-up of a permit given back in the other pool; a cancel in one pool
-//! racing a permit given back by another leaves no permit behind.
+//! racing a permit given back by another leaves no permit behind; a grant
+//! to a pool that goes away before it hears of it goes to the next pool in
+//! line.
 
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -119,4 +121,48 @@ fn give_back_vs_cancel_in_another_pool() {
         );
     });
     BRANCHES.assert_all(["cancelled", "ran"]);
+}
+
+/// A grant in flight to a pool that goes away: pool `b`'s waiting job is
+/// cancelled and `b` shut down and dropped while pool `a`'s first job gives
+/// the permit back (granted to `b`, first in line). Whether `b` heard of
+/// its grant (and gave it back) or was gone first (its state's `Drop` gives
+/// it back, M3), pool `c`'s job, in line behind `b`'s, gets the permit.
+#[test]
+fn grant_to_a_pool_that_goes_away() {
+    loom::model(|| {
+        let (a, b, c) = (pool(1), pool(1), pool(1));
+        let l = Limiter::new(1);
+        let gate = Arc::new(AtomicUsize::new(0));
+        let g = gate.clone();
+        let first = a
+            .offload(move |_stop| {
+                // Holds the permit until both others are in line.
+                while g.load(Ordering::SeqCst) < 2 {
+                    thread::yield_now();
+                }
+                1
+            })
+            .limiter(&l)
+            .spawn()
+            .expect("accepted");
+        let waiting = b.offload(|_stop| 2).limiter(&l).spawn().expect("accepted");
+        gate.fetch_add(1, Ordering::SeqCst);
+        let last = c.offload(|_stop| 3).limiter(&l).spawn().expect("accepted");
+        gate.fetch_add(1, Ordering::SeqCst);
+        let leaver = thread::spawn(move || {
+            // Too late to cancel: it started (its pool's worker may have
+            // tried before `c`'s), and runs to its end.
+            if !waiting.cancel() {
+                assert_eq!(waiting.blocking_wait().ok(), Some(2));
+            }
+            b.shutdown();
+            drop(b);
+        });
+        assert_eq!(first.blocking_wait().ok(), Some(1));
+        leaver.join().unwrap();
+        assert_eq!(last.blocking_wait().ok(), Some(3));
+        let s = l.stats();
+        assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
+    });
 }

@@ -198,12 +198,20 @@ impl Limiter {
     }
 
     /// Tells each pool of `granted` of its grant (after every lock is
-    /// released).
+    /// released). A grant to a pool gone since it was granted goes back at
+    /// once, to the next pool in line (M3): nothing else would return it
+    /// (the pool may have left the line before it went, keeping the grant
+    /// for this wake-up to settle), and the pools in line wait for a wake.
     pub(crate) fn wake(&self, granted: &[PoolRef]) {
+        let mut orphaned = Vec::new();
         for w in granted {
-            if let Some(pool) = w.weak.upgrade() {
-                pool.limiter_freed(self);
+            match w.weak.upgrade() {
+                Some(pool) => pool.limiter_freed(self),
+                None => self.leave(w, 1, &mut orphaned),
             }
+        }
+        for (limiter, granted) in orphaned {
+            limiter.wake(&granted);
         }
     }
 

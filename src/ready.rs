@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 /// Futures polled by one poll of a [`ReadySet`] before it yields.
@@ -29,11 +29,15 @@ struct Shared {
 }
 
 /// One future's waker: queues its index, then wakes the set's task (after
-/// letting go of the queue's lock: the task's waker is foreign code).
+/// letting go of the queue's lock: the task's waker is foreign code). It
+/// reaches the set weakly: the queue holds slots, so a strong reference
+/// back would be a cycle, and a set dropped with wake-ups queued (a race's
+/// losers, woken as they were stopped) would never be freed, nor the waker
+/// of the task that polled it.
 struct Slot {
     index: usize,
     queued: AtomicBool,
-    shared: Arc<Shared>,
+    shared: Weak<Shared>,
 }
 
 impl Wake for Slot {
@@ -47,8 +51,12 @@ impl Wake for Slot {
         if self.queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        lock(&self.shared.queue).push_back(self.clone());
-        let task = lock(&self.shared.task).clone();
+        // A wake-up after the set was dropped reaches nobody.
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        lock(&shared.queue).push_back(self.clone());
+        let task = lock(&shared.task).clone();
         if let Some(task) = task {
             task.wake();
         }
@@ -92,7 +100,7 @@ impl<F> ReadySet<F> {
         let slot = Arc::new(Slot {
             index,
             queued: AtomicBool::new(true),
-            shared: self.shared.clone(),
+            shared: Arc::downgrade(&self.shared),
         });
         lock(&self.shared.queue).push_back(slot.clone());
         let entry = Some(Entry {
@@ -112,11 +120,13 @@ impl<F> ReadySet<F> {
         self.live
     }
 
-    /// Drops every unfinished future.
+    /// Drops every unfinished future, and the wake-ups queued for them.
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
         self.free.clear();
         self.live = 0;
+        let queued = std::mem::take(&mut *lock(&self.shared.queue));
+        drop(queued);
     }
 }
 
@@ -249,6 +259,29 @@ mod tests {
         lock(&parked).take().expect("polled again").wake();
         assert_eq!(second.0.load(Ordering::SeqCst), 1, "the last poller woken");
         assert_eq!(first.0.load(Ordering::SeqCst), 1, "not the earlier one");
+    }
+
+    /// A set dropped with wake-ups queued is freed, and so is the waker of
+    /// the task that polled it (the queue's slots held the set strongly: a
+    /// cycle that kept both, found by a hostile review of `invoke_any`).
+    #[test]
+    fn a_set_dropped_with_wake_ups_queued_is_freed() {
+        let mut set = ReadySet::new();
+        let parked: Vec<_> = (0..3).map(|_| Arc::new(Mutex::new(None))).collect();
+        for (i, p) in parked.iter().enumerate() {
+            set.push(Parked(p.clone()), i);
+        }
+        let task = Arc::new(Count::default());
+        let waker = Waker::from(task.clone());
+        assert!(set.poll_next(&mut Context::from_waker(&waker)).is_pending());
+        drop(waker);
+        for p in &parked {
+            lock(p).take().expect("polled").wake();
+        }
+        let shared = Arc::downgrade(&set.shared);
+        drop(set);
+        assert!(shared.upgrade().is_none(), "the set's shared part is freed");
+        assert_eq!(Arc::strong_count(&task), 1, "the task's waker is released");
     }
 
     /// One poll of the set polls at most `BUDGET` futures, then yields.

@@ -795,3 +795,53 @@ async fn a_pool_leaves_the_line_once_no_lane_waits() {
     within("the waiting job", waiting).await.unwrap();
     assert_settled(&l);
 }
+
+/// A pool with a long keep-alive whose last worker stays, after a graceful
+/// shutdown, for a job blocked on a limiter (found by a hostile review).
+fn kept_for_a_blocked_job() -> (Offloader, Limiter, JobHandle<()>) {
+    let pool = builder(2, 16)
+        .keep_alive(std::time::Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let l = Limiter::new(0);
+    let job = pool.offload(|_| ()).limiter(&l).spawn().unwrap();
+    (pool, l, job)
+}
+
+/// Once a shut-down pool's last blocked job leaves the queue, the worker
+/// kept for it retires at once: the pool terminates without waiting for
+/// its keep-alive, whether the job was drained by a staged `close`, by
+/// `shutdown_now` after `shutdown`, or cancelled after `shutdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_kept_for_a_blocked_job_retires_once_the_job_is_gone() {
+    let short = std::time::Duration::from_millis(50);
+    for how in ["close", "shutdown_now", "cancel"] {
+        let (pool, l, job) = kept_for_a_blocked_job();
+        eventually("the pool waits for the limiter", || {
+            l.stats().pools_waiting == 1
+        })
+        .await;
+        match how {
+            "close" => {
+                let report = within("close", pool.close(short, short)).await;
+                assert_eq!(report.unstarted.len(), 1, "{report:?}");
+            }
+            "shutdown_now" => {
+                pool.shutdown();
+                // The woken last worker parks again for the blocked job.
+                eventually("the kept worker parked", || pool.metrics().workers == 1).await;
+                assert!(still_pending(pool.terminated()).await, "kept for the job");
+                assert_eq!(pool.shutdown_now().len(), 1);
+            }
+            _ => {
+                pool.shutdown();
+                assert!(still_pending(pool.terminated()).await, "kept for the job");
+                assert!(job.cancel());
+            }
+        }
+        within("the job's end", job).await.unwrap_err();
+        within(&format!("termination after {how}"), pool.terminated()).await;
+        assert_eq!(pool.metrics().workers, 0, "{how}");
+        assert_settled(&l);
+    }
+}

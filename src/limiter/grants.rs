@@ -124,7 +124,7 @@ impl LimState {
     /// leaves the queue), spending a grant if it holds one.
     pub(super) fn take_one(&mut self, pool: &PoolRef) {
         self.give_back(pool, 1);
-        self.left += 1;
+        self.left = self.left.wrapping_add(1);
         self.in_use += 1;
         self.high_water = self.high_water.max(self.in_use);
     }

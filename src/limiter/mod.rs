@@ -167,7 +167,9 @@ impl Limiter {
         LimiterStats {
             permits: s.permits,
             in_use: s.in_use,
-            waiting: joined.saturating_sub(s.left),
+            // Both counts only grow, and wrap (a 32-bit target's `usize`
+            // after 2^32 jobs): their difference, taken wrapping, is right.
+            waiting: joined.wrapping_sub(s.left),
             high_water: s.high_water,
             pools_waiting: s.waiting.iter().filter(|w| !w.is_gone()).count(),
         }
@@ -194,7 +196,8 @@ impl Limiter {
     /// A queued job that needs this limiter left the queue without
     /// starting (a start counts itself when it takes its permit).
     pub(crate) fn count_left(&self) {
-        self.lock().left += 1;
+        let mut s = self.lock();
+        s.left = s.left.wrapping_add(1);
     }
 
     /// Tells each pool of `granted` of its grant (after every lock is

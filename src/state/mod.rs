@@ -377,12 +377,7 @@ impl State {
             return false;
         }
         self.shutdown = true;
-        while let Some(key) = self.parked.pop_back(&mut self.parked_list) {
-            if let Some(p) = self.parked.remove(key) {
-                self.searching += 1;
-                after.unpark.push(p.thread);
-            }
-        }
+        self.claim_all_parked(after);
         after.room = Room::All;
         self.settle_check(after);
         true

@@ -94,6 +94,7 @@ impl State {
         self.group_moved(core, QUEUED, CANCELLED);
         self.event(core, EventKind::Finished(JobState::Cancelled), after);
         self.room_freed(after);
+        self.release_kept_worker(after);
         true
     }
 
@@ -112,6 +113,7 @@ impl State {
         debug_assert!(self.shutdown, "inv. 3: nothing joins the queue now");
         if !self.draining {
             self.draining = true;
+            self.release_kept_worker(after);
             // Lane by lane, the default lane first; no lane is made now.
             self.drain_lanes = self.lanes.keys().collect();
             self.drain_lanes.reverse();

@@ -51,6 +51,27 @@ impl State {
         self.workers == 1 && self.queued > 0 && !self.draining
     }
 
+    /// After a shutdown the last worker stays parked while it must
+    /// ([`must_keep_worker`](Self::must_keep_worker)); once it need not (the
+    /// queue emptied by a cancel, or drained), it is claimed, so it looks
+    /// again and retires: termination does not wait for its keep-alive.
+    pub(crate) fn release_kept_worker(&mut self, after: &mut After) {
+        if self.shutdown && !self.must_keep_worker() {
+            self.claim_all_parked(after);
+        }
+    }
+
+    /// Claims every parked worker: each is unparked after unlocking,
+    /// counted as searching, and looks at the queue again.
+    pub(crate) fn claim_all_parked(&mut self, after: &mut After) {
+        while let Some(key) = self.parked.pop_back(&mut self.parked_list) {
+            if let Some(p) = self.parked.remove(key) {
+                self.searching += 1;
+                after.unpark.push(p.thread);
+            }
+        }
+    }
+
     /// A worker counted by [`Worker::Spawn`] could not be spawned.
     pub(crate) fn spawn_failed(&mut self) {
         self.workers -= 1;

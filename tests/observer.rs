@@ -861,3 +861,55 @@ async fn an_observer_waiting_on_its_own_pool_does_not_deadlock_it() {
         ]
     );
 }
+
+/// Waits for the pool's termination, without a limit, from inside
+/// `on_event` (catching what the call does).
+#[derive(Default)]
+struct WaitsForTermination {
+    pool: OnceLock<Offloader>,
+    outcomes: Mutex<Vec<String>>,
+}
+
+impl Observer for WaitsForTermination {
+    fn on_event(&self, event: &JobEvent) {
+        let Some(pool) = self.pool.get() else {
+            return;
+        };
+        if !matches!(event.kind, EventKind::Finished(_)) {
+            return;
+        }
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.blocking_await_termination(None)
+        }));
+        let outcome = match waited {
+            Ok(terminated) => format!("returned {terminated}"),
+            Err(p) => p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default(),
+        };
+        self.outcomes.lock().unwrap().push(outcome);
+    }
+}
+
+/// An observer that waits, without a limit, for its pool's termination
+/// would wait for the delivery of the event it is handling: the call
+/// panics at once with a message that says so, instead of hanging the
+/// delivery thread, and the pool goes on (kills the mutant of
+/// `refuse_on_delivery_thread` that lets the wait begin: found by mutation
+/// testing of shutdown.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_waiting_for_termination_without_a_limit_is_refused() {
+    let observer = Arc::new(WaitsForTermination::default());
+    let pool = builder(1, 4).observer(observer.clone()).build().unwrap();
+    assert!(observer.pool.set(pool.clone()).is_ok());
+    within("a job", pool.offload(|_| ())).await.unwrap();
+    within("idle: every event delivered", pool.idle()).await;
+    let outcomes = observer.outcomes.lock().unwrap().clone();
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
+    assert!(
+        outcomes[0].contains("from the pool's own observer"),
+        "{outcomes:?}"
+    );
+}

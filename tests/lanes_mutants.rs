@@ -316,7 +316,9 @@ async fn two_permits_given_at_once_ready_two_blocked_lanes() {
     let a = job(&p, Some("a"), &[&l], "a", &hold, &tx);
     let b = job(&p, Some("b"), &[&l], "b", &hold, &tx);
     a_start_after(&p).await;
+    assert_eq!(l.permits(), 0);
     l.set_permits(2);
+    assert_eq!(l.permits(), 2, "the new count, at once");
     let mut got = [
         recv("a lane readied", &mut started).await,
         recv("both lanes readied", &mut started).await,

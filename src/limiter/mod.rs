@@ -243,7 +243,7 @@ impl Limiter {
     pub(crate) fn leave(&self, pool: &PoolRef, give_back: usize, wakes: &mut Vec<Wake>) {
         self.update(wakes, |s| {
             s.waiting.retain(|w| !w.is(pool));
-            give_back > 0 && s.give_back(pool, give_back)
+            s.give_back(pool, give_back)
         });
     }
 

@@ -100,11 +100,26 @@ fn tokio_clock_paused() -> bool {
 /// pool's work under a paused tokio clock, one blocking task (at most one
 /// per pool, whatever the number of waiters) keeps tokio from
 /// auto-advancing the clock, as tokio does itself while a `spawn_blocking`
-/// task runs.
-#[derive(Debug, Default)]
+/// task runs. Not while the pool's work has *stalled* (nothing runs, and
+/// every queued job waits for a limiter no running function holds: only
+/// something outside the pool, a timer perhaps, can free it): the clock
+/// then moves, and the first transition after the stall (a grant, a new
+/// job) holds it again.
 pub(crate) struct ClockHolds {
     // std's mutex in loom builds too: no proof rests on it.
     state: std::sync::Mutex<Holds>,
+    /// Whether the pool's work has stalled (reads the pool's state).
+    stalled: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Holds are registered but the task ended because the work stalled.
+    dormant: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for ClockHolds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClockHolds")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
@@ -117,6 +132,9 @@ struct Holds {
     jobs: Slab<Box<dyn Fn() -> bool + Send>>,
     /// The blocking task runs.
     running: bool,
+    /// The runtime of the last hold: where a dormant hold's task starts
+    /// again.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Holds {
@@ -159,6 +177,54 @@ impl Drop for ClockHold {
 }
 
 impl ClockHolds {
+    /// The holds of a pool whose work has stalled when `stalled` says so.
+    pub(crate) fn new(stalled: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        ClockHolds {
+            state: std::sync::Mutex::default(),
+            stalled: Box::new(stalled),
+            dormant: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// After a transition of the pool (outside its lock): if the holds
+    /// went dormant when the work stalled, holds the clock again while
+    /// they wait (the next check lets it go if the work is still stalled).
+    pub(crate) fn wake_if_dormant(self: &std::sync::Arc<Self>) {
+        // ORDERING: set under the holds' lock before the task ends; a stale
+        // `false` means no dormant hold was seen yet, and the task that
+        // made it dormant re-checks the stall after setting it.
+        if !self.dormant.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let runtime = {
+            let mut s = self.lock();
+            if !self
+                .dormant
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+                || s.running
+                || !s.busy()
+            {
+                return;
+            }
+            s.running = true;
+            s.runtime.clone()
+        };
+        self.start_task(runtime);
+    }
+
+    fn start_task(self: &std::sync::Arc<Self>, runtime: Option<tokio::runtime::Handle>) {
+        let task = HoldTask {
+            holds: self.clone(),
+            ended: false,
+        };
+        match runtime {
+            // A runtime shutting down drops the task unrun: `HoldTask`'s
+            // drop then lets the next hold start another.
+            Some(rt) => drop(rt.spawn_blocking(move || task.run())),
+            None => drop(task),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Holds> {
         self.state
             .lock()
@@ -198,16 +264,13 @@ impl ClockHolds {
                     None
                 }
             };
+            s.runtime = Some(rt.clone());
             (!std::mem::replace(&mut s.running, true), job)
         };
         if start {
-            let task = HoldTask {
-                holds: self.clone(),
-                ended: false,
-            };
-            // A runtime shutting down drops the task unrun: `HoldTask`'s
-            // drop then lets the next hold start another.
-            drop(rt.spawn_blocking(move || task.run()));
+            self.dormant
+                .store(false, std::sync::atomic::Ordering::Release);
+            self.start_task(Some(rt));
         }
         Some(ClockHold {
             holds: self.clone(),
@@ -217,8 +280,9 @@ impl ClockHolds {
 }
 
 /// The blocking task holding the clock: polls every millisecond of real
-/// time until no caller waits on work still going on (test clocks only). A
-/// hold taken later starts another.
+/// time until no caller waits on work still going on, or the pool's work
+/// stalls (test clocks only). A hold taken later, or the pool's next
+/// transition after a stall, starts another.
 struct HoldTask {
     holds: std::sync::Arc<ClockHolds>,
     /// It ran and cleared `running` itself.
@@ -228,12 +292,29 @@ struct HoldTask {
 impl HoldTask {
     fn run(mut self) {
         loop {
+            // Reads the pool's state outside the holds' lock (the check
+            // may hold the last reference to the pool).
+            let stalled = (self.holds.stalled)();
             {
                 let mut s = self.holds.lock();
                 if !s.busy() {
                     // Under the lock: a hold taken after this starts a task.
                     s.running = false;
                     self.ended = true;
+                    return;
+                }
+                if stalled {
+                    s.running = false;
+                    self.ended = true;
+                    self.holds
+                        .dormant
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    drop(s);
+                    // A transition between the check and the flag saw no
+                    // dormant hold: look once more.
+                    if !(self.holds.stalled)() {
+                        self.holds.wake_if_dormant();
+                    }
                     return;
                 }
             }

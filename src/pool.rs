@@ -116,7 +116,10 @@ impl Offloader {
                 next_id: AtomicU64::new(0),
                 recent_run_ns: AtomicU64::new(1_000_000),
                 doorbell,
-                clock_holds: std::sync::Arc::default(),
+                clock_holds: std::sync::Arc::new(crate::clock::ClockHolds::new({
+                    let me = me.clone();
+                    move || me.upgrade().is_some_and(|inner| inner.lock().stalled())
+                })),
             }
         });
         Offloader {
@@ -252,6 +255,10 @@ impl Inner {
             // The common case of a job's path: nothing to do.
             return;
         }
+        // A paused test clock let go while the work stalled is held again
+        // (clock.rs): every transition that can end a stall does something
+        // after unlocking (wakes a worker, or tells a pool of a grant).
+        self.clock_holds.wake_if_dormant();
         let After {
             unpark,
             room,

@@ -280,3 +280,71 @@ async fn within_real<F: std::future::Future>(what: &str, fut: F) -> F::Output {
         _ = rx => panic!("{what}: not done within {HANG:?} of real time"),
     }
 }
+
+/// A job waiting for a limiter that no running function holds waits for
+/// something outside the pool: the paused clock moves meanwhile (a timeout
+/// fires, a timer that frees the limiter runs), and once the job can start
+/// the clock is held again for its real work. All four hung for good when
+/// such a job held the clock (found by a hostile review).
+#[tokio::test(start_paused = true)]
+async fn a_job_waiting_for_an_idle_limiter_lets_the_clock_move() {
+    let _serial = SERIAL.lock().await;
+    let l = offloader::Limiter::new(0);
+    // A timed caller of a job that cannot start times out in virtual time.
+    let pool = Offloader::builder().build().unwrap();
+    let timed = pool
+        .offload(|_| 1)
+        .limiter(&l)
+        .with_timeout(Duration::from_secs(1));
+    let err = within_real("a timed wait for a blocked job", timed.into_future())
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    // A timer frees the limiter; the job then runs its real work, the
+    // clock held (its caller's 10 s never pass during the 100 ms).
+    let freer = {
+        let l = l.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            l.set_permits(1);
+        })
+    };
+    let began = tokio::time::Instant::now();
+    let v = within_real(
+        "a job whose limiter a timer frees",
+        pool.offload(work(7))
+            .limiter(&l)
+            .with_timeout(Duration::from_secs(10))
+            .into_future(),
+    )
+    .await
+    .expect("runs once the timer freed the limiter");
+    assert_eq!(v, 7);
+    let waited = began.elapsed();
+    assert!(
+        waited >= Duration::from_millis(50) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    freer.await.unwrap();
+    // Termination and a staged close with a blocked job: bounded waits
+    // end in virtual time.
+    let l = offloader::Limiter::new(0);
+    let pool = Offloader::builder().build().unwrap();
+    let _blocked = pool.offload(|_| 1).limiter(&l).spawn().unwrap();
+    pool.shutdown();
+    let terminated = within_real(
+        "await_termination(1 s)",
+        pool.await_termination(Duration::from_secs(1)),
+    )
+    .await;
+    assert!(!terminated, "the blocked job is still queued");
+    let report = within_real(
+        "close(1 s, 1 s)",
+        pool.close(Duration::from_secs(1), Duration::from_secs(1)),
+    )
+    .await;
+    assert!(
+        report.escalated && report.terminated && report.unstarted.len() == 1,
+        "{report:?}"
+    );
+}

@@ -175,6 +175,12 @@ impl Limiter {
         }
     }
 
+    /// Whether a running function holds a permit (which it will give
+    /// back): a job waiting for this limiter then waits for work going on.
+    pub(crate) fn is_held(&self) -> bool {
+        self.lock().in_use > 0
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.shared.id
     }

@@ -429,6 +429,21 @@ impl State {
         }
     }
 
+    /// Nothing of this pool runs or can start without something outside
+    /// it: jobs are queued, none runs, no lane is startable, no outcome or
+    /// event is pending, and every lane holding jobs is blocked on a
+    /// limiter no running function holds (clock.rs lets a paused test
+    /// clock move then).
+    pub(crate) fn stalled(&self) -> bool {
+        self.queued > 0
+            && !self.draining
+            && self.running.is_empty()
+            && !self.has_startable()
+            && self.unpublished == 0
+            && self.events.is_drained()
+            && self.blocked_limiters_idle()
+    }
+
     /// Every accepted job is terminal, its outcome published and every
     /// event delivered.
     pub(crate) fn is_idle(&self) -> bool {

@@ -50,6 +50,13 @@ impl State {
         }
     }
 
+    /// Whether no limiter a lane of this pool is blocked on is held by a
+    /// running function (clock.rs: such lanes wait for something outside
+    /// the pools).
+    pub(in crate::state) fn blocked_limiters_idle(&self) -> bool {
+        self.limited.values().all(|b| !b.limiter.is_held())
+    }
+
     /// Takes `lane` out of the list of lanes blocked on limiter `id`; once
     /// none is left, leaves the limiter's queue (M2) and lets go of it.
     pub(in crate::state) fn unblock(&mut self, lane: Key, id: u64, after: &mut After) {

@@ -24,6 +24,11 @@ use crate::state::{After, State};
 use crate::stop::StopToken;
 use crate::sync::{park_timeout, thread, Arc};
 
+/// How long a worker kept for a job waiting on a limiter (the pool's last
+/// worker, `State::must_keep_worker`) parks at least before it looks again:
+/// whatever lets it go, or gives its job a permit, claims it sooner.
+const KEPT_PARK: Duration = Duration::from_secs(1);
+
 /// Spinning before parking saves a futex wake-up when jobs arrive back to
 /// back. Off under loom, whose scheduler cannot preempt a spin loop.
 pub(crate) const SPIN: bool = cfg!(not(loom));
@@ -209,11 +214,12 @@ impl Inner {
                 s.end_search();
             }
             let mut parked_at = Instant::now();
+            let mut period = self.config.keep_alive;
             let key = s.park(me, thread::current());
             drop(s);
             self.after(std::mem::take(&mut after));
             loop {
-                park_timeout(self.config.keep_alive.saturating_sub(parked_at.elapsed()));
+                park_timeout(period.saturating_sub(parked_at.elapsed()));
                 s = self.lock();
                 if s.was_claimed(key, me) {
                     // The claimer counted this worker as searching.
@@ -221,13 +227,16 @@ impl Inner {
                     spun = false;
                     break;
                 }
-                if parked_at.elapsed() >= self.config.keep_alive && s.must_keep_worker() {
-                    // Still parked, for another keep-alive period.
+                if parked_at.elapsed() >= period && s.must_keep_worker() {
+                    // Still parked, for another period: one of at least
+                    // `KEPT_PARK` (a short keep-alive would make it poll
+                    // the lock; whatever lets it go claims it anyway).
                     parked_at = Instant::now();
+                    period = self.config.keep_alive.max(KEPT_PARK);
                     drop(s);
                     continue;
                 }
-                if parked_at.elapsed() >= self.config.keep_alive {
+                if parked_at.elapsed() >= period {
                     s.unpark_self(key);
                     self.retire(s, slot, after);
                     return None;

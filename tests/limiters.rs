@@ -905,3 +905,29 @@ async fn the_worker_kept_for_a_blocked_job_sleeps() {
         7
     );
 }
+
+/// A limiter listed twice for one job is one permit of it, taken and given
+/// back once (kills the mutant of `normalise` that keeps repeats: the job
+/// then locked the limiter twice and hung); limiters are equal only to
+/// their clones, and their `Debug` shows their counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_listed_twice_is_one_permit() {
+    let (l, other) = (Limiter::new(2), Limiter::new(2));
+    assert_eq!(l, l.clone());
+    assert_ne!(l, other);
+    let pool = pool(2, 16);
+    let watch = l.clone();
+    let in_use = pool
+        .offload(move |_| watch.stats().in_use)
+        .limiter(&l)
+        .limiter(&other)
+        .limiter(&l);
+    assert_eq!(within("a job listing l twice", in_use).await.unwrap(), 1);
+    assert_settled(&l);
+    assert_settled(&other);
+    let shown = format!("{l:?}");
+    assert!(
+        shown.contains("permits: 2") && shown.contains("high_water: 1"),
+        "{shown}"
+    );
+}

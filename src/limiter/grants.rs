@@ -109,11 +109,10 @@ impl LimState {
     }
 
     /// M1: whether `pool` may take a permit now: it holds a grant (and the
-    /// count allows it), or a permit is neither held nor granted. Grants
-    /// of pools that are gone are reclaimed first when nothing else is
-    /// free.
+    /// count allows it: M3 keeps it so), or a permit is neither held nor
+    /// granted once the grants of pools that are gone are reclaimed.
     pub(super) fn may_take(&mut self, pool: &PoolRef) -> bool {
-        if (self.grants_of(pool) > 0 && self.in_use < self.permits) || self.free() > 0 {
+        if self.grants_of(pool) > 0 && self.in_use < self.permits {
             return true;
         }
         self.reclaim_gone();

@@ -114,6 +114,17 @@ pub(crate) struct ClockHolds {
     dormant: std::sync::atomic::AtomicBool,
 }
 
+/// Some pool's holds went dormant in this process (only ever under a
+/// paused test clock): a limiter that grants a permit then tells every
+/// pool in its line, whose stall may have ended with it.
+static ANY_DORMANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether some pool's holds ever went dormant in this process.
+pub(crate) fn any_dormant() -> bool {
+    // ORDERING: a hint; set before the dormant flag it announces.
+    ANY_DORMANT.load(std::sync::atomic::Ordering::Acquire)
+}
+
 impl std::fmt::Debug for ClockHolds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClockHolds")
@@ -306,6 +317,7 @@ impl HoldTask {
                 if stalled {
                     s.running = false;
                     self.ended = true;
+                    ANY_DORMANT.store(true, std::sync::atomic::Ordering::Release);
                     self.holds
                         .dormant
                         .store(true, std::sync::atomic::Ordering::Release);

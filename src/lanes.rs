@@ -66,4 +66,8 @@ impl crate::limiter::Watcher for Inner {
         self.lock().limiter_freed(limiter, &mut after);
         self.after(after);
     }
+
+    fn hold_clock_again(&self) {
+        self.clock_holds.wake_if_dormant();
+    }
 }

@@ -348,3 +348,98 @@ async fn a_job_waiting_for_an_idle_limiter_lets_the_clock_move() {
         "{report:?}"
     );
 }
+
+/// A permit of a limiter given to another pool's function is work a
+/// blocked job waits for: the clock its stalled pool let go is held again.
+/// Pool `b`'s detached job is first in line; a timer gives the limiter a
+/// permit, `b`'s function takes it for 300 ms of real work, and `a`'s timed
+/// caller, behind it, gets its value instead of a timeout in virtual time
+/// (found by a hostile review of the stall rule).
+#[tokio::test(start_paused = true)]
+async fn a_stalled_pool_holds_the_clock_again_when_another_pool_takes_the_limiter() {
+    let _serial = SERIAL.lock().await;
+    let l = offloader::Limiter::new(0);
+    let (a, b) = (
+        Offloader::builder().build().unwrap(),
+        Offloader::builder().build().unwrap(),
+    );
+    let _detached = b
+        .offload(|_| std::thread::sleep(Duration::from_millis(300)))
+        .limiter(&l)
+        .spawn()
+        .unwrap();
+    within_real("b in line", async {
+        while l.stats().pools_waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let caller = tokio::spawn(
+        a.offload(|_| 7u32)
+            .limiter(&l)
+            .with_timeout(Duration::from_secs(10))
+            .into_future(),
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    l.set_permits(1);
+    let out = within_real("a's caller", caller).await.unwrap();
+    assert_eq!(out.map_err(|e| e.to_string()), Ok(7));
+}
+
+/// A permit handed from a finishing function of pool `b` to a blocked job
+/// of pool `a` keeps the clock held across the handover: a granted permit
+/// counts as held. (With only running functions counted, `a` looked
+/// stalled between `b`'s release and the grant's delivery, which a slow
+/// waker of `b`'s caller stretched: `a`'s caller timed out. Found by a
+/// hostile review.)
+#[tokio::test(start_paused = true)]
+async fn a_permit_handed_between_pools_keeps_the_clock_held() {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+    struct SlowWaker;
+    impl Wake for SlowWaker {
+        fn wake(self: Arc<Self>) {
+            // Work of the waker's own, on the releasing worker's thread.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _serial = SERIAL.lock().await;
+    let l = offloader::Limiter::new(1);
+    let (a, b) = (
+        Offloader::builder().build().unwrap(),
+        Offloader::builder().build().unwrap(),
+    );
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut on_b = b
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .limiter(&l)
+        .spawn()
+        .unwrap();
+    let waker = Waker::from(Arc::new(SlowWaker));
+    assert!(
+        std::future::Future::poll(Pin::new(&mut on_b), &mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    recv("b's function", &mut started).await;
+    let caller = tokio::spawn(
+        a.offload(|_| 7u32)
+            .limiter(&l)
+            .with_timeout(Duration::from_secs(10))
+            .into_future(),
+    );
+    within_real("a's job waits for the limiter", async {
+        while l.stats().waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    g.open();
+    let out = within_real("a's caller", caller).await.unwrap();
+    assert_eq!(out.map_err(|e| e.to_string()), Ok(7));
+    drop(on_b);
+}

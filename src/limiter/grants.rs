@@ -23,7 +23,7 @@ pub(super) struct LimState {
     /// yet spent or given back.
     grants: Vec<(PoolRef, usize)>,
     /// Their sum.
-    granted: usize,
+    pub(super) granted: usize,
     /// Running functions holding a permit that wait, from inside their
     /// pool, for a queued job of it that needs this limiter too.
     pub(super) own_waiters: usize,
@@ -74,6 +74,11 @@ pub(crate) trait Watcher: Send + Sync {
     /// The pool was granted a permit of `limiter` (called after every lock
     /// is released, once per grant).
     fn limiter_freed(&self, limiter: &Limiter);
+
+    /// A permit of a limiter the pool waits for was granted (to it or to
+    /// another pool): a paused test clock the pool let go when its work
+    /// stalled is held again (clock.rs).
+    fn hold_clock_again(&self);
 }
 
 /// Pools to tell, after unlocking, that they were granted a permit of a

@@ -176,9 +176,11 @@ impl Limiter {
     }
 
     /// Whether a running function holds a permit (which it will give
-    /// back): a job waiting for this limiter then waits for work going on.
+    /// back), or a permit is granted to a pool (on its way to a job): a
+    /// job waiting for this limiter then waits for work going on.
     pub(crate) fn is_held(&self) -> bool {
-        self.lock().in_use > 0
+        let s = self.lock();
+        s.in_use > 0 || s.granted > 0
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -221,6 +223,16 @@ impl Limiter {
         }
         for (limiter, granted) in orphaned {
             limiter.wake(&granted);
+        }
+        // A pool in line whose work stalled waits no more for something
+        // outside the pools: a function will hold this permit.
+        if !granted.is_empty() && crate::clock::any_dormant() {
+            let in_line: Vec<PoolRef> = self.lock().waiting.iter().cloned().collect();
+            for w in in_line {
+                if let Some(pool) = w.weak.upgrade() {
+                    pool.hold_clock_again();
+                }
+            }
         }
     }
 

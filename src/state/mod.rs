@@ -432,8 +432,8 @@ impl State {
     /// Nothing of this pool runs or can start without something outside
     /// it: jobs are queued, none runs, no lane is startable, no outcome or
     /// event is pending, and every lane holding jobs is blocked on a
-    /// limiter no running function holds (clock.rs lets a paused test
-    /// clock move then).
+    /// limiter no running function holds and none of whose permits is
+    /// granted (clock.rs lets a paused test clock move then).
     pub(crate) fn stalled(&self) -> bool {
         self.queued > 0
             && !self.draining

@@ -931,3 +931,45 @@ async fn a_limiter_listed_twice_is_one_permit() {
         "{shown}"
     );
 }
+
+/// A decrease of a limiter's permits revokes a grant a pool holds (M3):
+/// `p` is granted the permit and readies its blocked lane, but no worker
+/// can start it (spawns fail); `set_permits(0)` takes the grant back, so
+/// the job does not start when a worker comes, and the books stay exact
+/// when it is cancelled. (Kills the mutants of `LimState::revoke_excess`
+/// that leave the grant counted in the pool's entry: found by mutation
+/// testing of limiter/.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decrease_revokes_a_grant_not_yet_spent() {
+    let l = Limiter::new(1);
+    let p = pool_retiring_at_once();
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
+    let (tx, mut started) = signal();
+    let (r1_gate, r1_hold) = gate();
+    let r1 = limited(&p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
+    assert_eq!(recv("r1", &mut started).await, "r1");
+    grant_with_no_worker_to_start_it(&p, holder_gate, holder).await;
+    l.set_permits(0);
+    assert_eq!(l.permits(), 0);
+    p.__fail_next_thread_spawns(0);
+    // A worker looks at the readied lane: no permit left for k1.
+    within("a job on p", p.offload(|_| ())).await.unwrap();
+    assert_eq!(
+        k1.state(),
+        JobState::Queued,
+        "the revoked grant started nothing"
+    );
+    assert!(k1.cancel());
+    r1_gate.open();
+    within("r1", r1).await.unwrap();
+    assert_settled(&l);
+    // The limiter works on: a permit given back starts a new job.
+    l.set_permits(1);
+    let again = p.offload(|_| "again").limiter(&l);
+    assert_eq!(
+        within("a job after the decrease", again).await.unwrap(),
+        "again"
+    );
+    assert_settled(&l);
+}

@@ -943,7 +943,7 @@ async fn a_limiter_listed_twice_is_one_permit() {
 async fn a_decrease_revokes_a_grant_not_yet_spent() {
     let l = Limiter::new(1);
     let p = pool_retiring_at_once();
-    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let (holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
     let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
     let (tx, mut started) = signal();
     let (r1_gate, r1_hold) = gate();
@@ -964,9 +964,10 @@ async fn a_decrease_revokes_a_grant_not_yet_spent() {
     r1_gate.open();
     within("r1", r1).await.unwrap();
     assert_settled(&l);
-    // The limiter works on: a permit given back starts a new job.
+    // The limiter works on: the permit given back starts another pool's
+    // job (a grant kept past the decrease would have kept it for `p`).
     l.set_permits(1);
-    let again = p.offload(|_| "again").limiter(&l);
+    let again = holder_pool.offload(|_| "again").limiter(&l);
     assert_eq!(
         within("a job after the decrease", again).await.unwrap(),
         "again"

@@ -633,3 +633,25 @@ async fn one_monitor_thread_per_pool() {
     })
     .await;
 }
+
+/// A blocking wait from outside the pool (a `spawn_blocking` thread) for a
+/// queued job while every permit is busy waits for it: only the pool's own
+/// functions are refused with `WouldDeadlock` (kills the mutant of
+/// `Inner::is_own_worker` that takes every caller for one of the pool's
+/// own: found by mutation testing of worker.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_wait_from_outside_the_pool_is_not_refused() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let occupied = occupy(&pool, 1).await;
+    let queued = pool.offload(|_| 5).spawn().unwrap();
+    let mut waiter = tokio::task::spawn_blocking(move || queued.blocking_wait());
+    assert!(
+        support::still_pending(&mut waiter).await,
+        "the outside wait waits while the permit is busy"
+    );
+    occupied.release().await;
+    assert_eq!(
+        within("the outside wait", waiter).await.unwrap().unwrap(),
+        5
+    );
+}

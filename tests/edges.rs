@@ -655,3 +655,116 @@ async fn a_blocking_wait_from_outside_the_pool_is_not_refused() {
         5
     );
 }
+
+/// Wakes a flag and records the state of another job when woken.
+struct Records {
+    next: Arc<offloader::JobHandle<u8>>,
+    seen: Mutex<Option<JobState>>,
+}
+
+impl Wake for Records {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        *self.seen.lock().unwrap() = Some(self.next.state());
+    }
+}
+
+/// A job is never marked started while another job's foreign code runs on
+/// its worker's thread: the waker of the first job's caller runs on the
+/// worker before the next job's function, and sees that job still queued
+/// (so still cancellable). Kills the mutants of `work_loop`'s "foreign code
+/// next" test that start the next job first: found by mutation testing of
+/// worker.rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_is_not_started_while_a_waker_runs_on_its_thread() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut first = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+            1u8
+        })
+        .spawn()
+        .unwrap();
+    recv("the first job", &mut started).await;
+    let next = Arc::new(pool.offload(|_| 2u8).spawn().unwrap());
+    let waker = Arc::new(Records {
+        next: next.clone(),
+        seen: Mutex::new(None),
+    });
+    let w = Waker::from(waker.clone());
+    assert!(Pin::new(&mut first)
+        .poll(&mut Context::from_waker(&w))
+        .is_pending());
+    g.open();
+    // Not polled again until its waker ran (a poll would replace it).
+    support::eventually("the first caller's waker ran", || {
+        waker.seen.lock().unwrap().is_some()
+    })
+    .await;
+    assert_eq!(within("the first job", first).await.unwrap(), 1);
+    let seen = *waker.seen.lock().unwrap();
+    assert_eq!(
+        seen,
+        Some(JobState::Queued),
+        "the waker ran before the next start"
+    );
+    drop(w);
+    drop(waker);
+    let next = Arc::try_unwrap(next).ok().expect("the waker let go of it");
+    assert_eq!(within("the next job", next).await.unwrap(), 2);
+}
+
+/// Records the state of another job when dropped.
+struct DropRecords {
+    next: Arc<Mutex<Option<Arc<offloader::JobHandle<u8>>>>>,
+    seen: Arc<Mutex<Option<JobState>>>,
+}
+
+impl Drop for DropRecords {
+    fn drop(&mut self) {
+        let next = self.next.lock().unwrap().clone();
+        *self.seen.lock().unwrap() = next.map(|n| n.state());
+    }
+}
+
+/// The same for a detached job's result, dropped on the worker's thread
+/// (user code): the next job is still queued while it drops. Kills the
+/// mutant of that test that starts the next job first when no caller
+/// waits: found by mutation testing of worker.rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_is_not_started_while_a_detached_result_drops() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let next_slot = Arc::new(Mutex::new(None));
+    let seen = Arc::new(Mutex::new(None));
+    let result = DropRecords {
+        next: next_slot.clone(),
+        seen: seen.clone(),
+    };
+    pool.offload(move |_| {
+        tx.send(()).unwrap();
+        hold.wait();
+        result
+    })
+    .spawn()
+    .unwrap()
+    .detach();
+    recv("the detached job", &mut started).await;
+    let next = Arc::new(pool.offload(|_| 2u8).spawn().unwrap());
+    *next_slot.lock().unwrap() = Some(next.clone());
+    g.open();
+    support::eventually("the detached result dropped", || {
+        seen.lock().unwrap().is_some()
+    })
+    .await;
+    assert_eq!(*seen.lock().unwrap(), Some(JobState::Queued));
+    next_slot.lock().unwrap().take();
+    let next = Arc::try_unwrap(next).ok().expect("only this test holds it");
+    assert_eq!(within("the next job", next).await.unwrap(), 2);
+}

@@ -715,7 +715,9 @@ async fn the_next_job_is_not_started_while_a_waker_runs_on_its_thread() {
     );
     drop(w);
     drop(waker);
-    let next = Arc::try_unwrap(next).ok().expect("the waker let go of it");
+    let Ok(next) = Arc::try_unwrap(next) else {
+        panic!("the waker let go of the next job's handle");
+    };
     assert_eq!(within("the next job", next).await.unwrap(), 2);
 }
 
@@ -765,6 +767,8 @@ async fn the_next_job_is_not_started_while_a_detached_result_drops() {
     .await;
     assert_eq!(*seen.lock().unwrap(), Some(JobState::Queued));
     next_slot.lock().unwrap().take();
-    let next = Arc::try_unwrap(next).ok().expect("only this test holds it");
+    let Ok(next) = Arc::try_unwrap(next) else {
+        panic!("only this test holds the next job's handle");
+    };
     assert_eq!(within("the next job", next).await.unwrap(), 2);
 }

@@ -131,8 +131,10 @@ where
     /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
     /// async cancellation reaches this one blocking job. The watch ends when
     /// the job's function has run or been dropped, and holds nothing alive
-    /// but the pool meanwhile. The function is wrapped: a refused offload
-    /// hands back the wrapper, which still runs it.
+    /// but the pool meanwhile. The watch is a task: a job that starts after
+    /// the token's cancellation but before the watch sees it has its stop
+    /// token set instead. The function is wrapped: a refused offload hands
+    /// back the wrapper, which still runs it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -131,12 +131,16 @@ async fn a_jobs_stop_token_is_watched_as_a_cancellation_token() {
 async fn a_job_follows_a_token() {
     let pool = pool(1, 16);
     let request = CancellationToken::new();
-    let (_g, hold) = gate();
+    let (g, hold) = gate();
     let (tx, mut started) = signal();
+    // Holds the one permit until the test lets it go, so the queued job
+    // cannot start before its watch sees the cancellation (the watches are
+    // tasks: a job that starts first has its stop token set instead).
     let running = pool
         .offload(move |stop| {
             tx.send(()).unwrap();
-            hold.wait_or_stop(stop)
+            hold.wait();
+            stop.is_stopped()
         })
         .stop_on(request.child_token())
         .spawn()
@@ -151,11 +155,16 @@ async fn a_job_follows_a_token() {
         .unwrap();
     let other = pool.offload(|_| "not following").spawn().unwrap();
     request.cancel();
-    assert!(within("the running job", running).await.unwrap(), "stopped");
     assert!(within("the queued job", queued)
         .await
         .unwrap_err()
         .is_cancelled());
+    support::eventually("the running job asked to stop", || {
+        pool.metrics().stop_requests == 1
+    })
+    .await;
+    g.open();
+    assert!(within("the running job", running).await.unwrap(), "stopped");
     assert_eq!(
         within("the other job", other).await.unwrap(),
         "not following"

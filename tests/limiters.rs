@@ -81,6 +81,35 @@ async fn grant_with_no_worker_to_start_it(p: &Offloader, holder_gate: Gate, hold
     eventually("a spawn failed", || p.metrics().spawn_failures >= 1).await;
 }
 
+/// `p`'s job `k1` (key "k") blocked on `l`, whose one permit a job of a
+/// pool of its own holds, beside `r1`, which needs no limiter and runs on
+/// one of `p`'s two permits until `r1_gate` opens.
+struct KBlocked {
+    holder_pool: Offloader,
+    holder_gate: Gate,
+    holder: JobHandle<()>,
+    k1: JobHandle<&'static str>,
+    r1_gate: Gate,
+    r1: JobHandle<()>,
+}
+
+async fn k1_blocked_beside_r1(l: &Limiter, p: &Offloader) -> KBlocked {
+    let (holder_pool, holder_gate, holder) = held_elsewhere(l).await;
+    let k1 = p.offload(|_| "k1").key("k").limiter(l).spawn().unwrap();
+    let (tx, mut started) = signal();
+    let (r1_gate, r1_hold) = gate();
+    let r1 = limited(p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
+    assert_eq!(recv("r1", &mut started).await, "r1");
+    KBlocked {
+        holder_pool,
+        holder_gate,
+        holder,
+        k1,
+        r1_gate,
+        r1,
+    }
+}
+
 /// One limiter of two permits shared by two pools of four: at most two of
 /// their functions run at once, the others wait in their queues, and
 /// unlimited jobs of both pools still start beside them. A permit freed in
@@ -724,21 +753,16 @@ async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused()
 async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
     let l = Limiter::new(1);
     let (q, p) = (pool(2, 8), pool_retiring_at_once());
-    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
-    let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
-    let (tx, mut started) = signal();
-    let (r1_gate, r1_hold) = gate();
-    let r1 = limited(&p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
-    assert_eq!(recv("r1", &mut started).await, "r1");
+    let b = k1_blocked_beside_r1(&l, &p).await;
     let on_q = q.offload(|_| "q").limiter(&l).spawn().unwrap();
     within("a job on q", q.offload(|_| ())).await.unwrap();
     assert_eq!(l.stats().pools_waiting, 2);
-    grant_with_no_worker_to_start_it(&p, holder_gate, holder).await;
-    assert!(k1.cancel(), "k1 never started");
+    grant_with_no_worker_to_start_it(&p, b.holder_gate, b.holder).await;
+    assert!(b.k1.cancel(), "k1 never started");
     assert_eq!(within("q's job, granted next", on_q).await.unwrap(), "q");
     p.__fail_next_thread_spawns(0);
-    r1_gate.open();
-    within("r1", r1).await.unwrap();
+    b.r1_gate.open();
+    within("r1", b.r1).await.unwrap();
     assert_settled(&l);
 }
 
@@ -943,12 +967,14 @@ async fn a_limiter_listed_twice_is_one_permit() {
 async fn a_decrease_revokes_a_grant_not_yet_spent() {
     let l = Limiter::new(1);
     let p = pool_retiring_at_once();
-    let (holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
-    let k1 = p.offload(|_| "k1").key("k").limiter(&l).spawn().unwrap();
-    let (tx, mut started) = signal();
-    let (r1_gate, r1_hold) = gate();
-    let r1 = limited(&p, &[], "r1", &Concurrency::default(), &r1_hold, &tx);
-    assert_eq!(recv("r1", &mut started).await, "r1");
+    let KBlocked {
+        holder_pool,
+        holder_gate,
+        holder,
+        k1,
+        r1_gate,
+        r1,
+    } = k1_blocked_beside_r1(&l, &p).await;
     grant_with_no_worker_to_start_it(&p, holder_gate, holder).await;
     l.set_permits(0);
     assert_eq!(l.permits(), 0);

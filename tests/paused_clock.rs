@@ -99,6 +99,41 @@ async fn a_timeout_fires_and_reports_in_virtual_time() {
     pool.idle().await;
 }
 
+/// A huge time limit means "no limit", in virtual time too: a year of
+/// explicit advances does not fire it (the timer is set about thirty years
+/// ahead, not a day or two), and the job's outcome still arrives.
+#[tokio::test(start_paused = true)]
+async fn a_huge_timeout_does_not_fire_within_a_year_of_virtual_time() {
+    let _serial = SERIAL.lock().await;
+    let pool = Offloader::builder().build().unwrap();
+    for limit in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+        let (g, hold) = gate();
+        let (tx, mut started) = signal();
+        let mut caller = tokio::spawn(
+            pool.offload(move |_| {
+                tx.send(()).unwrap();
+                hold.wait();
+                7
+            })
+            .with_timeout(limit)
+            .into_future(),
+        );
+        recv("started", &mut started).await;
+        for _ in 0..365 {
+            tokio::time::advance(Duration::from_secs(86_400)).await;
+        }
+        // A timer that fired woke the caller: give it its turns.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!caller.is_finished(), "{limit:?} fired within a year");
+        g.open();
+        let out = tokio::time::timeout(HANG, &mut caller).await;
+        assert_eq!(out.expect("the outcome arrived").unwrap().unwrap(), 7);
+    }
+    pool.idle().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn close_and_await_termination_wait_for_real_work_under_a_paused_clock() {
     let _serial = SERIAL.lock().await;

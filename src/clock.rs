@@ -125,14 +125,6 @@ pub(crate) fn any_dormant() -> bool {
     ANY_DORMANT.load(std::sync::atomic::Ordering::Acquire)
 }
 
-impl std::fmt::Debug for ClockHolds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClockHolds")
-            .field("state", &self.state)
-            .finish_non_exhaustive()
-    }
-}
-
 #[derive(Default)]
 struct Holds {
     /// Callers waiting on the pool as a whole now.
@@ -154,17 +146,7 @@ impl Holds {
     }
 }
 
-impl std::fmt::Debug for Holds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holds")
-            .field("waiting", &self.waiting)
-            .field("running", &self.running)
-            .finish_non_exhaustive()
-    }
-}
-
 /// One caller's hold; dropping it (the wait ended) releases it.
-#[derive(Debug)]
 pub(crate) struct ClockHold {
     holds: std::sync::Arc<ClockHolds>,
     /// Its entry in `Holds::jobs`, if it waits on one job.

@@ -326,3 +326,35 @@ impl Drop for HoldTask {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A hold task dropped unrun (its runtime shutting down, or none to
+    /// run on) clears `running`, so that the next hold starts another; one
+    /// that ran leaves `running` to whoever set it since.
+    #[test]
+    fn a_hold_task_dropped_unrun_lets_the_next_hold_start_one() {
+        let holds = std::sync::Arc::new(ClockHolds::new(|| false));
+        holds.lock().running = true;
+        holds.start_task(None);
+        assert!(!holds.lock().running, "dropped unrun: running cleared");
+
+        holds.lock().running = true;
+        drop(HoldTask {
+            holds: holds.clone(),
+            ended: true,
+        });
+        assert!(holds.lock().running, "a task that ran leaves running alone");
+    }
+
+    /// `deadline_after` caps a huge limit at about thirty years ahead.
+    #[test]
+    fn a_huge_limit_is_capped_far_ahead() {
+        let now = Instant::now();
+        let far = deadline_after(now, Duration::MAX);
+        assert_eq!(far, now + NEVER);
+        assert!(NEVER >= Duration::from_secs(86_400 * 365 * 29));
+    }
+}

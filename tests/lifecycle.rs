@@ -1187,6 +1187,41 @@ fn stuck_recorder() -> &'static StuckRecorder {
 /// A job held past `stuck_after` is reported once, at WARN, and only once
 /// it has run longer than the threshold (`State::newly_stuck`): the report's
 /// `running_for` is past it.
+/// The stuck-job monitor sleeps between looks (a quarter of the threshold,
+/// at most a second): while a job runs under a long threshold, its thread
+/// uses next to no CPU. Counted in its own thread's CPU ticks over half a
+/// second of a held job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stuck_job_monitor_sleeps_between_looks() {
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .thread_name("mon")
+        .stuck_after(Duration::from_secs(60))
+        .build()
+        .expect("valid configuration");
+    let (gate, hold) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let h = pool
+        .offload(move |_stop| {
+            let _ = started_tx.send(());
+            hold.wait();
+        })
+        .spawn()
+        .expect("room");
+    recv("a function started", &mut started).await;
+    eventually("the monitor thread runs", || {
+        threads_named("mon-monitor") == 1
+    })
+    .await;
+    let before = cpu_ticks_of_threads_named("mon-monitor");
+    // A window of waiting, not an ordering of events.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let spent = cpu_ticks_of_threads_named("mon-monitor") - before;
+    assert!(spent <= 2, "the monitor used {spent} ticks in 500 ms");
+    gate.open();
+    within("the held job", h).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
     const NAME: &str = "stuck-probe";

@@ -870,30 +870,6 @@ async fn the_worker_kept_for_a_blocked_job_retires_once_the_job_is_gone() {
     }
 }
 
-/// CPU time (user + system, in clock ticks) of this process's threads
-/// named `name`.
-fn cpu_ticks_of_threads_named(name: &str) -> u64 {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    dir.filter_map(Result::ok)
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
-        })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-        .map(|stat| {
-            // Fields after the command's closing parenthesis: utime is the
-            // 12th of them, stime the 13th.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let f: Vec<u64> = rest
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
-        })
-        .sum()
-}
-
 /// The worker kept for a job waiting on a limiter sleeps while it waits,
 /// whatever the keep-alive: with `keep_alive(0)` it woke at once, took the
 /// pool lock and parked again, a busy loop for as long as the limiter

@@ -113,7 +113,6 @@ impl Offloader {
                 changed: Condvar::new(),
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
-                next_id: AtomicU64::new(0),
                 recent_run_ns: AtomicU64::new(1_000_000),
                 doorbell,
                 clock_holds: std::sync::Arc::new(crate::clock::ClockHolds::new({
@@ -203,6 +202,10 @@ impl fmt::Debug for Offloader {
     }
 }
 
+/// The next job id, shared by every pool of the process (ids are unique
+/// in it, `JobId`). A plain std atomic: ids are not modelled by loom.
+static NEXT_JOB_ID: AtomicU64 = AtomicU64::new(1);
+
 /// What every clone of a pool and every job handle share.
 pub(crate) struct Inner {
     pub(crate) config: Config,
@@ -220,8 +223,6 @@ pub(crate) struct Inner {
     /// Signalled (after unlocking) when a job may fit (one waiter) and at
     /// shutdown (every waiter), for callers waiting for room.
     pub(crate) room_freed: tokio::sync::Notify,
-    /// Plain std atomic: ids only need to be unique, not modelled by loom.
-    next_id: AtomicU64,
     /// This pool, for work done from a `&self` path that may spawn a
     /// worker (a limiter's wake-up).
     me: std::sync::Weak<Inner>,
@@ -304,9 +305,9 @@ impl Inner {
         if let Some(task) = release {
             crate::quiet::drop_quietly(task);
         }
-        if !dead.is_empty() {
-            crate::quiet::drop_quietly(dead);
-        }
+        // Tombstones: their functions were discarded at their cancel, so
+        // no user code runs here; quietly all the same.
+        crate::quiet::drop_quietly(dead);
         if events || settled {
             self.ring();
         }
@@ -324,10 +325,10 @@ impl Inner {
         self.me.upgrade()
     }
 
-    /// Allocates the next job id.
+    /// Allocates the next job id: unique in the process, across pools.
     pub(crate) fn next_id(&self) -> JobId {
         // ORDERING: only uniqueness matters; ids are not part of any proof.
-        JobId(self.next_id.fetch_add(1, StdOrdering::Relaxed) + 1)
+        JobId(NEXT_JOB_ID.fetch_add(1, StdOrdering::Relaxed))
     }
 
     /// Enqueues `job` if the pool accepts it, making sure a worker will run

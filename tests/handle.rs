@@ -328,8 +328,15 @@ async fn ids_are_unique_and_increasing_and_names_are_kept() {
     assert_eq!(b.name(), None);
     let dbg = format!("{a:?}");
     assert!(dbg.contains("first"), "{dbg}");
+    // Unique in the process, not per pool: a second pool's job neither
+    // repeats an id nor goes back in order.
+    let other = support::pool(1, DEFAULT_QUEUE_CAPACITY);
+    let c = other.offload(|_stop| ()).spawn().unwrap();
+    assert!(b.id() < c.id(), "{:?} then {:?}", b.id(), c.id());
+    assert_ne!(a.id().as_u64(), 0);
     within("a", a).await.unwrap();
     within("b", b).await.unwrap();
+    within("c", c).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

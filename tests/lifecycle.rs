@@ -1054,12 +1054,14 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
 type StuckReport = (Option<String>, tracing::Level, String, Option<Duration>);
 
 /// A minimal `tracing` subscriber that records, for every event whose
-/// message mentions "stuck", the `name` field of the span it belongs to.
+/// message mentions "stuck", the `name` field of the span it belongs to,
+/// and the message of every warning.
 #[derive(Default)]
 struct StuckRecorder {
     next_span: AtomicU64,
     span_names: Mutex<HashMap<u64, String>>,
     stuck: Mutex<Vec<StuckReport>>,
+    warnings: Mutex<Vec<String>>,
 }
 
 #[derive(Default)]
@@ -1121,6 +1123,35 @@ impl StuckRecorder {
     }
 }
 
+impl StuckRecorder {
+    fn warned(&self, part: &str) -> bool {
+        self.warnings
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.contains(part))
+    }
+}
+
+/// A failed spawn of the observer's delivery thread is not silent: the
+/// submit that tried it logs a warning (the events wait for the next job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_spawn_is_logged_at_warn() {
+    let recorder = stuck_recorder();
+    let log = Arc::new(Log::default());
+    let pool = Offloader::builder()
+        .observer(log.clone())
+        .build()
+        .expect("valid configuration");
+    pool.__fail_next_delivery_spawns(1);
+    let job = pool.offload(|_| 1).spawn().expect("accepted");
+    assert!(
+        recorder.warned("could not spawn the observer's delivery thread"),
+        "no warning"
+    );
+    assert_eq!(within("the job", job).await.unwrap(), 1);
+}
+
 /// Installed once as the global default: the warning is emitted on the
 /// pool's monitor thread, which a thread-local default would not cover.
 struct Global(&'static StuckRecorder);
@@ -1150,6 +1181,9 @@ impl tracing::Subscriber for Global {
         let Some(message) = fields.message else {
             return;
         };
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.warnings.lock().unwrap().push(message.clone());
+        }
         if !message.contains("stuck") {
             return;
         }

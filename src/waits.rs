@@ -72,3 +72,27 @@ impl Drop for Waiting<'_> {
         *self.inner.lock().waiters(self.which) -= 1;
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::Offloader;
+
+    /// A waiter count is exact: it grows with each registration and falls
+    /// back when the registration is dropped (a cancelled wait included),
+    /// so that transitions stop signalling once nobody waits.
+    #[test]
+    fn a_dropped_registration_unregisters() {
+        let pool = Offloader::builder().build().expect("valid configuration");
+        let inner = pool.inner();
+        for which in [Waiters::Room, Waiters::Settle] {
+            let a = Waiting::new(inner, which);
+            let b = Waiting::new(inner, which);
+            assert_eq!(*inner.lock().waiters(which), 2);
+            drop(a);
+            assert_eq!(*inner.lock().waiters(which), 1);
+            drop(b);
+            assert_eq!(*inner.lock().waiters(which), 0);
+        }
+    }
+}

@@ -710,3 +710,52 @@ async fn running_jobs_lists_the_group_and_its_descendants_only() {
     within("idle", parent.idle()).await;
     assert!(parent.running_jobs().is_empty());
 }
+
+/// Room freed for several callers at once lets them all in: a group's stop
+/// cancels two queued jobs in one go (two slots, one wake-up), and the first
+/// caller let in wakes the next while room is left. Every job is on one key
+/// whose one permit is held meanwhile, so no start, finish or lane change
+/// wakes anyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_freed_for_two_at_once_lets_two_waiting_callers_in() {
+    let pool = builder(2, 2).max_per_key(1).build().expect("valid");
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal::<&str>();
+    let job = |label: &'static str| {
+        let (hold, tx) = (hold.clone(), tx.clone());
+        move |_: &offloader::StopToken| {
+            tx.send(label).unwrap();
+            hold.wait();
+        }
+    };
+    let occupant = pool
+        .offload(job("occupant"))
+        .key("k")
+        .spawn()
+        .expect("accepted");
+    assert_eq!(recv("the occupant", &mut started).await, "occupant");
+    let group = pool.group();
+    let queued: Vec<_> = (0..2)
+        .map(|_| group.offload(|_| ()).key("k").spawn().expect("room"))
+        .collect();
+    let mut w1 = Box::pin(pool.offload(job("w1")).key("k").submit());
+    let mut w2 = Box::pin(pool.offload(job("w2")).key("k").submit());
+    assert!(poll_once(w1.as_mut()).await.is_pending(), "full: w1 waits");
+    assert!(poll_once(w2.as_mut()).await.is_pending(), "full: w2 waits");
+    assert!(group.stop());
+    let (h1, h2) = within("both waiting callers get in", async {
+        (w1.await, w2.await)
+    })
+    .await;
+    let (h1, h2) = (h1.expect("w1 accepted"), h2.expect("w2 accepted"));
+    for q in queued {
+        assert!(within("a cancelled job", q)
+            .await
+            .unwrap_err()
+            .is_cancelled());
+    }
+    gate.open();
+    within("the occupant", occupant).await.unwrap();
+    within("w1's job", h1).await.unwrap();
+    within("w2's job", h2).await.unwrap();
+}

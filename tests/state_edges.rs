@@ -471,3 +471,62 @@ async fn shutdown_now_drains_in_chunks_and_nothing_starts_meanwhile() {
     assert_eq!(m.unstarted as usize, kept.len(), "{m:?}");
     assert_ledger(&m);
 }
+
+/// Records, when a queued job's function is dropped unrun, how many jobs
+/// the pool still had queued.
+struct QueuedAtDrop {
+    pool: offloader::WeakOffloader,
+    seen: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl Drop for QueuedAtDrop {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            self.seen.lock().unwrap().push(pool.metrics().queued);
+        }
+    }
+}
+
+/// `shutdown_now` lets go of the lock between chunks of its drain, and
+/// drops a chunk's functions before it drains the next: when the first
+/// function is dropped, the jobs of the later chunks are still queued (a
+/// drain in one critical section would hold the lock, and every other
+/// caller of the pool, for the whole queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_drops_a_chunk_before_draining_the_next() {
+    const N: usize = 5_000;
+    let pool = builder(1, N).build().expect("valid configuration");
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv("the running job", &mut started).await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for _ in 0..N {
+        let probe = QueuedAtDrop {
+            pool: pool.downgrade(),
+            seen: seen.clone(),
+        };
+        pool.offload(move |_| drop(probe))
+            .spawn()
+            .expect("accepted")
+            .detach();
+    }
+    assert_eq!(pool.shutdown_now().len(), N);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), N, "every function dropped unrun");
+    assert!(
+        seen[0] > 0 && seen[0] < N as u64,
+        "the first chunk's functions were dropped with {} jobs still queued",
+        seen[0]
+    );
+    assert_eq!(*seen.last().unwrap(), 0);
+    g.open();
+    within("the running job", running).await.unwrap();
+    within("terminated", pool.terminated()).await;
+}

@@ -433,3 +433,22 @@ fn dropping_one_guard_unregisters_only_its_own_callback() {
     assert_eq!(second.load(Ordering::SeqCst), 0);
     drop(keep);
 }
+
+/// What a token and a callback guard print: whether stop was requested
+/// and the deadline; whether the callback is still registered.
+#[test]
+fn a_token_and_a_callback_guard_print_their_state() {
+    let token = StopToken::new();
+    let guard = token.on_stop(|| {});
+    assert_eq!(
+        format!("{token:?}"),
+        "StopToken { stopped: false, deadline: None }"
+    );
+    assert_eq!(format!("{guard:?}"), "StopCallback { registered: true }");
+    assert!(token.request_stop());
+    assert_eq!(
+        format!("{token:?}"),
+        "StopToken { stopped: true, deadline: None }"
+    );
+    assert_eq!(format!("{guard:?}"), "StopCallback { registered: false }");
+}

@@ -299,10 +299,13 @@ where
                     .clone(),
             ),
             Some(stop_ext) => stop_ext.clone(),
-            // Queued: only a running function holds the token, and nothing
-            // can have registered yet.
-            None if create => Some(Arc::new(StopExt::new())),
-            None => None,
+            // Queued or never run: only a request to stop asks (nothing to
+            // tell); a token exists only once the cell has left `Queued`
+            // for its function's run, so no callback or sleeper comes here.
+            None => {
+                debug_assert!(!create, "a token of a job that never ran");
+                None
+            }
         }
     }
 }

@@ -1061,7 +1061,9 @@ struct StuckRecorder {
     next_span: AtomicU64,
     span_names: Mutex<HashMap<u64, String>>,
     stuck: Mutex<Vec<StuckReport>>,
-    warnings: Mutex<Vec<String>>,
+    /// Every warning: the name of the job whose span it belongs to, if
+    /// any, and its message.
+    warnings: Mutex<Vec<(Option<String>, String)>>,
 }
 
 #[derive(Default)]
@@ -1129,8 +1131,70 @@ impl StuckRecorder {
             .lock()
             .unwrap()
             .iter()
-            .any(|m| m.contains(part))
+            .any(|(_, m)| m.contains(part))
     }
+
+    /// Whether a warning about the job named `job` contained `part`.
+    fn warned_of(&self, job: &str, part: &str) -> bool {
+        self.warnings
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(j, m)| j.as_deref() == Some(job) && m.contains(part))
+    }
+}
+
+/// A caller that stops waiting while its job runs on, holding its permit,
+/// is warned of at `warn` (the permit is not free until the function
+/// returns); one whose queued job is cancelled instead is not. Under a
+/// paused clock, so that each time-out fires when the test advances it.
+#[tokio::test(start_paused = true)]
+async fn a_caller_leaving_a_running_job_is_warned_of() {
+    const KEEPS: &str = "keeps-running-probe";
+    const CANCELLED: &str = "cancelled-probe";
+    const WARNING: &str = "the job keeps running and holds its permit";
+    let recorder = stuck_recorder();
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .build()
+        .expect("valid configuration");
+    let (gate, hold) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let running = tokio::spawn(
+        pool.offload(move |_stop| {
+            let _ = started_tx.send(());
+            hold.wait();
+        })
+        .name(KEEPS)
+        .with_timeout(Duration::from_secs(1))
+        .into_future(),
+    );
+    recv("a function started", &mut started).await;
+    let queued = tokio::spawn(
+        pool.offload(|_| ())
+            .name(CANCELLED)
+            .with_timeout(Duration::from_secs(1))
+            .on_abandon(offloader::AbandonPolicy::CancelIfQueued)
+            .into_future(),
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let err = within("the caller's time-out", running)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::TimedOut { .. }), "{err:?}");
+    let err = within("the queued caller's time-out", queued)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::TimedOut { .. }), "{err:?}");
+    assert!(recorder.warned_of(KEEPS, WARNING), "no warning for {KEEPS}");
+    assert!(
+        !recorder.warned_of(CANCELLED, WARNING),
+        "warned for a cancelled job"
+    );
+    gate.open();
+    within("idle", pool.idle()).await;
 }
 
 /// A failed spawn of the observer's delivery thread is not silent: the
@@ -1181,12 +1245,6 @@ impl tracing::Subscriber for Global {
         let Some(message) = fields.message else {
             return;
         };
-        if *event.metadata().level() == tracing::Level::WARN {
-            self.0.warnings.lock().unwrap().push(message.clone());
-        }
-        if !message.contains("stuck") {
-            return;
-        }
         let job = event.parent().and_then(|id| {
             self.0
                 .span_names
@@ -1195,6 +1253,16 @@ impl tracing::Subscriber for Global {
                 .get(&id.into_u64())
                 .cloned()
         });
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0
+                .warnings
+                .lock()
+                .unwrap()
+                .push((job.clone(), message.clone()));
+        }
+        if !message.contains("stuck") {
+            return;
+        }
         self.0.stuck.lock().unwrap().push((
             job,
             *event.metadata().level(),

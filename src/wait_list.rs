@@ -96,3 +96,51 @@ impl Drop for Registration<'_> {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count::default());
+        (count.clone(), Waker::from(count))
+    }
+
+    /// Every registered waiter is woken, each in its own place; a dropped
+    /// registration is not (and its waker is let go of).
+    #[test]
+    fn wakes_every_registered_waiter_and_no_dropped_one() {
+        let list = WaitList::default();
+        let (a, wa) = counting();
+        let (b, wb) = counting();
+        let (c, wc) = counting();
+        let mut ra = list.registration();
+        let mut rb = list.registration();
+        let mut rc = list.registration();
+        ra.set(&wa);
+        rb.set(&wb);
+        rc.set(&wc);
+        drop(rc);
+        assert_eq!(
+            Arc::strong_count(&c),
+            2,
+            "the dropped waiter's waker let go"
+        );
+        list.wake_all();
+        let woken = |n: &Arc<Count>| n.0.load(Ordering::SeqCst);
+        assert_eq!((woken(&a), woken(&b), woken(&c)), (1, 1, 0));
+        drop((ra, rb, wc));
+    }
+}

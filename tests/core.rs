@@ -1110,3 +1110,24 @@ async fn shutdown_refusals_are_counted_in_the_metrics() {
     );
     assert_eq!(m.rejected(), 2, "{m:?}");
 }
+
+/// What an `Offload` prints before it is submitted: its name, time limit,
+/// deadline and abandon policy (not the function).
+#[test]
+fn an_offload_prints_its_options() {
+    let pool = pool(1, 4);
+    let plain = pool.offload(|_| ());
+    assert_eq!(
+        format!("{plain:?}"),
+        "Offload { name: None, timeout: None, deadline: None, policy: None, .. }"
+    );
+    let set = pool
+        .offload(|_| ())
+        .name("probe")
+        .with_timeout(std::time::Duration::from_secs(2))
+        .on_abandon(AbandonPolicy::CancelIfQueued);
+    assert_eq!(
+        format!("{set:?}"),
+        "Offload { name: Some(\"probe\"), timeout: Some(2s), deadline: None, policy: Some(CancelIfQueued), .. }"
+    );
+}

@@ -63,3 +63,21 @@ fn the_defaults_build() {
     assert_eq!(offloader::DEFAULT_MAX_IN_FLIGHT, 64);
     assert_eq!(offloader::DEFAULT_QUEUE_CAPACITY, 4096);
 }
+
+/// A builder prints its settings; an observer shows as one, not as the
+/// user's type (which need not be `Debug`).
+#[test]
+fn a_builder_prints_its_settings_and_an_observer_by_name() {
+    struct Quiet;
+    impl offloader::Observer for Quiet {
+        fn on_event(&self, _event: &offloader::JobEvent) {}
+    }
+    let plain = format!("{:?}", Offloader::builder().max_in_flight(3));
+    assert!(plain.contains("max_in_flight: 3"), "{plain}");
+    assert!(plain.contains("observer: None"), "{plain}");
+    let observed = format!(
+        "{:?}",
+        Offloader::builder().observer(std::sync::Arc::new(Quiet))
+    );
+    assert!(observed.contains("observer: Some(Observer)"), "{observed}");
+}

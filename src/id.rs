@@ -13,10 +13,20 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct JobId(pub(crate) u64);
 
+/// The next job id, shared by every pool of the process (ids are unique
+/// in it). A plain std atomic: ids are not modelled by loom.
+static NEXT_JOB_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 impl JobId {
     /// The id as a number.
     pub fn as_u64(self) -> u64 {
         self.0
+    }
+
+    /// Allocates the next job id: unique in the process, across pools.
+    pub(crate) fn next() -> JobId {
+        // ORDERING: only uniqueness matters; ids are not part of any proof.
+        JobId(NEXT_JOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
 }
 

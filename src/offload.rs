@@ -358,7 +358,7 @@ where
         // The job takes its name, key and limiters (no clone per job: a
         // refusal gives them back below).
         let core = JobCore::new(
-            inner.next_id(),
+            crate::id::JobId::next(),
             opts.name.take(),
             deadline,
             group,

@@ -9,12 +9,11 @@
 //! (`docs/ARCHITECTURE.md`) states the invariants this module keeps.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use crate::config::{Builder, Config};
 use crate::error::{BuildError, Rejected};
-use crate::id::JobId;
 use crate::job::{Job, Task};
 use crate::metrics::Metrics;
 use crate::quiet::call_quietly;
@@ -202,10 +201,6 @@ impl fmt::Debug for Offloader {
     }
 }
 
-/// The next job id, shared by every pool of the process (ids are unique
-/// in it, `JobId`). A plain std atomic: ids are not modelled by loom.
-static NEXT_JOB_ID: AtomicU64 = AtomicU64::new(1);
-
 /// What every clone of a pool and every job handle share.
 pub(crate) struct Inner {
     pub(crate) config: Config,
@@ -323,12 +318,6 @@ impl Inner {
 
     pub(crate) fn me(&self) -> Option<Arc<Inner>> {
         self.me.upgrade()
-    }
-
-    /// Allocates the next job id: unique in the process, across pools.
-    pub(crate) fn next_id(&self) -> JobId {
-        // ORDERING: only uniqueness matters; ids are not part of any proof.
-        JobId(NEXT_JOB_ID.fetch_add(1, StdOrdering::Relaxed))
     }
 
     /// Enqueues `job` if the pool accepts it, making sure a worker will run

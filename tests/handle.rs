@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
@@ -413,4 +414,86 @@ async fn a_handle_polled_with_one_waker_wakes_the_next_one() {
             .expect("ran"),
         7
     );
+}
+
+/// A cancelled job answers every wait after it with `Cancelled`, async and
+/// blocking, again and again; its handle reads finished, and a second
+/// cancel fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_answers_every_wait() {
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
+    let mut h = pool.offload(|_stop| 7u64).spawn().expect("accepted");
+    assert!(!h.is_finished());
+    assert!(h.cancel(), "queued, so the cancel wins");
+    assert!(!h.cancel(), "a second cancel finds it cancelled");
+    assert!(h.is_finished());
+    assert_eq!(h.state(), JobState::Cancelled);
+    for _ in 0..2 {
+        let err = h.wait_timeout(HANG).await.expect_err("cancelled");
+        assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+        let err = h.blocking_wait_timeout(HANG).expect_err("cancelled");
+        assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+    }
+    let err = within("the handle", h).await.expect_err("cancelled");
+    assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+    blocker.release().await;
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!((m.cancelled, m.completed), (1, 1), "{m:?}");
+}
+
+/// Waiters already parked on queued jobs, async and blocking, are woken
+/// when `shutdown_now` discards the jobs unrun (nothing polls them again
+/// otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_parked_on_queued_jobs_are_woken_by_their_discard() {
+    const WAITER: &str = "discard-waiter";
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let blocker = occupy(&pool, 1).await;
+    // An awaited caller on a task of its own, which says when its first
+    // poll returned `Pending` (its waker registered).
+    let (pending_tx, mut pending) = signal::<()>();
+    let call = pool.offload(|_stop| 1u64).into_future();
+    let awaited = tokio::spawn(async move {
+        let mut call = std::pin::pin!(call);
+        let mut first = true;
+        std::future::poll_fn(|cx| {
+            let poll = call.as_mut().poll(cx);
+            if std::mem::take(&mut first) && poll.is_pending() {
+                pending_tx.send(()).expect("test alive");
+            }
+            poll
+        })
+        .await
+    });
+    recv("the awaited caller pending", &mut pending).await;
+    // A blocking waiter on a thread of its own, seen asleep in its wait.
+    let h = pool.offload(|_stop| 2u64).spawn().expect("accepted");
+    let blocking = std::thread::Builder::new()
+        .name(WAITER.into())
+        .spawn(move || h.blocking_wait())
+        .expect("spawned");
+    eventually("the blocking waiter asleep", || {
+        sleeping_threads_named(WAITER) == 1
+    })
+    .await;
+
+    let unstarted = pool.shutdown_now();
+    assert_eq!(unstarted.len(), 2, "both queued jobs handed back");
+    let err = within("the awaited caller", awaited)
+        .await
+        .expect("the task did not panic")
+        .expect_err("unstarted");
+    assert!(matches!(err, Error::Unstarted { .. }), "{err:?}");
+    let err = within(
+        "the blocking waiter",
+        tokio::task::spawn_blocking(move || blocking.join()),
+    )
+    .await
+    .expect("joined")
+    .expect("the waiter did not panic")
+    .expect_err("unstarted");
+    assert!(matches!(err, Error::Unstarted { .. }), "{err:?}");
+    blocker.release().await;
 }

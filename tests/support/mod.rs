@@ -325,41 +325,54 @@ pub(crate) fn assert_ledger(m: &Metrics) {
     );
 }
 
-/// CPU time (user + system, in clock ticks) of this process's threads
-/// named `name`.
-pub(crate) fn cpu_ticks_of_threads_named(name: &str) -> u64 {
+/// The `stat` lines of this process's threads named `name` (at most 15
+/// bytes on Linux); none without `/proc`.
+fn stats_of_threads_named(name: &str) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+        return Vec::new();
     };
     dir.filter_map(Result::ok)
         .filter(|t| {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
         })
         .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .collect()
+}
+
+/// The fields of a `stat` line after the command's closing parenthesis:
+/// the state first, then the parent's pid, and so on.
+fn stat_fields(stat: &str) -> Vec<&str> {
+    stat.rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect()
+}
+
+/// CPU time (user + system, in clock ticks) of this process's threads
+/// named `name`.
+pub(crate) fn cpu_ticks_of_threads_named(name: &str) -> u64 {
+    stats_of_threads_named(name)
+        .iter()
         .map(|stat| {
-            // Fields after the command's closing parenthesis: utime is the
-            // 12th of them, stime the 13th.
-            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-            let f: Vec<u64> = rest
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
+            // utime is the 12th field after the command, stime the 13th.
+            let f = stat_fields(stat);
+            let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            tick(11) + tick(12)
         })
         .sum()
 }
 
-/// Threads of this process named `name` (at most 15 bytes on Linux); 0 without `/proc`.
+/// Threads of this process named `name`; 0 without `/proc`.
 pub(crate) fn threads_named(name: &str) -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    dir.filter_map(Result::ok)
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .map(|c| c.trim_end() == name)
-                .unwrap_or(false)
-        })
+    stats_of_threads_named(name).len()
+}
+
+/// Threads of this process named `name` that are asleep (state `S`: parked,
+/// or blocked on a lock); 0 without `/proc`.
+pub(crate) fn sleeping_threads_named(name: &str) -> usize {
+    stats_of_threads_named(name)
+        .iter()
+        .filter(|stat| stat_fields(stat).first() == Some(&"S"))
         .count()
 }
 

@@ -1823,6 +1823,41 @@ impl Report {
                 }
             }
         }
+        self.scale_cold_line(out);
+    }
+
+    /// What one cold line paid in full adds to a cancel in random order:
+    /// the least its cost at the largest size can be, given its cost at the
+    /// smallest (see `floor_serial_touch` in benches/common/scale.rs).
+    fn scale_cold_line(&self, out: &mut String) {
+        let s = &self.scale;
+        let (Some(&small), Some(&big)) = (s.sizes.first(), s.sizes.last()) else {
+            return;
+        };
+        let index = |op| SCALE_OPS.iter().position(|&o| o == op);
+        let (Some(cancel), Some(chase)) = (
+            index(ScaleOp::CancelRandom),
+            index(ScaleOp::FloorSerialTouch),
+        ) else {
+            return;
+        };
+        let at = |oi, n| self.scale_value(oi, n);
+        let line = at(chase, big) - at(chase, small);
+        let least = at(cancel, small) + line;
+        if big <= small || !least.is_finite() {
+            return;
+        }
+        let (sl, bl) = (scale::size_label(small), scale::size_label(big));
+        let _ = writeln!(
+            out,
+            "  one cold line paid in full (floor_serial_touch at {bl} - at {sl}): {} ns; \
+             cancel_random at {sl} + that line: {} ns = {:.2}x cancel_random at {sl} \
+             (measured at {bl}: {} ns)",
+            grouped(line),
+            grouped(least),
+            least / at(cancel, small),
+            grouped(at(cancel, big))
+        );
     }
 
     fn json(&self, targets: &[Target]) -> String {

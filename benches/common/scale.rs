@@ -25,7 +25,15 @@
 //!   per visit a mutex is taken to read and write the object's state word,
 //!   and taken again (a cancel locks the pool twice). Its cost at 1 M over
 //!   its cost at 1 k is what the machine's caches and TLB charge for a
-//!   random touch of a large set, whatever the code around it.
+//!   random touch of a large set, whatever the code around it, when the
+//!   processor may start the next visit's load before this one's has
+//!   arrived (the next address is in `order`, ahead of time).
+//! - `floor_serial_touch`, a second reference: the same objects and visits,
+//!   but the address of each visit is read from the object visited before
+//!   (a pointer chase), so no visit's load starts before the previous one's
+//!   line has arrived. That is a cancel's case when its own path between two
+//!   jobs is too long for the processor to look ahead to the next job: its
+//!   cost at 1 M minus its cost at 1 k is one cold line paid in full.
 //!
 //! Included with `#[path]`; not every target uses every item.
 #![allow(dead_code)]
@@ -48,16 +56,18 @@ pub(crate) enum ScaleOp {
     TimeoutStorm,
     ShutdownNow,
     FloorRandomTouch,
+    FloorSerialTouch,
 }
 
 /// Every operation, in the order of the report.
-pub(crate) const SCALE_OPS: [ScaleOp; 6] = [
+pub(crate) const SCALE_OPS: [ScaleOp; 7] = [
     ScaleOp::Submit,
     ScaleOp::CancelNewestFirst,
     ScaleOp::CancelRandom,
     ScaleOp::TimeoutStorm,
     ScaleOp::ShutdownNow,
     ScaleOp::FloorRandomTouch,
+    ScaleOp::FloorSerialTouch,
 ];
 
 impl ScaleOp {
@@ -70,13 +80,14 @@ impl ScaleOp {
             ScaleOp::TimeoutStorm => "timeout_storm",
             ScaleOp::ShutdownNow => "shutdown_now",
             ScaleOp::FloorRandomTouch => "floor_random_touch",
+            ScaleOp::FloorSerialTouch => "floor_serial_touch",
         }
     }
 
     /// A reference measured without the offloader, not an operation of it
     /// (no target).
     pub(crate) fn is_reference(self) -> bool {
-        self == ScaleOp::FloorRandomTouch
+        matches!(self, ScaleOp::FloorRandomTouch | ScaleOp::FloorSerialTouch)
     }
 
     pub(crate) fn from_name(name: &str) -> Option<ScaleOp> {
@@ -285,19 +296,37 @@ pub(crate) fn shuffle<T>(v: &mut [T], seed: u64) {
 /// An object the size of a queued job, with its state word first.
 struct JobSized {
     state: AtomicU64,
-    _rest: [u64; 15],
+    /// The index of the next object to visit (`floor_serial_touch`).
+    next: usize,
+    _rest: [u64; 14],
+}
+
+impl JobSized {
+    fn new() -> JobSized {
+        JobSized {
+            state: AtomicU64::new(1),
+            next: usize::MAX,
+            _rest: [0; 14],
+        }
+    }
+
+    /// One visit: what a cancel does to the pool lock and the job's state
+    /// word (the lock taken twice); 1 if the second lock saw an odd count.
+    fn visit(&self, lock: &Mutex<u64>) -> u64 {
+        {
+            let mut count = lock.lock().unwrap_or_else(|e| e.into_inner());
+            if self.state.load(Ordering::Relaxed) == 1 {
+                self.state.store(2, Ordering::Release);
+                *count += 1;
+            }
+        }
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) & 1
+    }
 }
 
 /// The `floor_random_touch` reference (see the module docs).
 fn floor_random_touch(n: usize, seed: u64, meter: &Meter) -> Duration {
-    let jobs: Vec<Arc<JobSized>> = (0..n)
-        .map(|_| {
-            Arc::new(JobSized {
-                state: AtomicU64::new(1),
-                _rest: [0; 15],
-            })
-        })
-        .collect();
+    let jobs: Vec<Arc<JobSized>> = (0..n).map(|_| Arc::new(JobSized::new())).collect();
     let mut order: Vec<&JobSized> = jobs.iter().map(|j| &**j).collect();
     shuffle(&mut order, seed);
     let lock = Mutex::new(0u64);
@@ -305,18 +334,41 @@ fn floor_random_touch(n: usize, seed: u64, meter: &Meter) -> Duration {
     meter.begin();
     let t = Instant::now();
     for (i, job) in order.iter().enumerate() {
-        {
-            let mut count = lock.lock().unwrap_or_else(|e| e.into_inner());
-            if job.state.load(Ordering::Relaxed) == 1 {
-                job.state.store(2, Ordering::Release);
-                *count += 1;
-            }
-        }
-        touched += *lock.lock().unwrap_or_else(|e| e.into_inner()) & 1;
+        touched += job.visit(&lock);
         meter.tick(i + 1);
     }
     let took = t.elapsed();
     meter.end();
+    assert!(touched <= n as u64);
+    took
+}
+
+/// The `floor_serial_touch` reference (see the module docs): the objects
+/// in one allocation (jobs allocated in order lie about as close), each
+/// naming the next to visit.
+fn floor_serial_touch(n: usize, seed: u64, meter: &Meter) -> Duration {
+    let mut order: Vec<usize> = (0..n).collect();
+    shuffle(&mut order, seed);
+    let mut jobs: Vec<JobSized> = (0..n).map(|_| JobSized::new()).collect();
+    for pair in order.windows(2) {
+        jobs[pair[0]].next = pair[1];
+    }
+    let lock = Mutex::new(0u64);
+    let mut touched = 0;
+    let mut at = order.first().copied().unwrap_or(usize::MAX);
+    drop(order);
+    meter.begin();
+    let t = Instant::now();
+    let mut i = 0;
+    while let Some(job) = jobs.get(at) {
+        touched += job.visit(&lock);
+        at = job.next;
+        i += 1;
+        meter.tick(i);
+    }
+    let took = t.elapsed();
+    meter.end();
+    assert_eq!(i, n, "the chase visits every object once");
     assert!(touched <= n as u64);
     took
 }
@@ -364,6 +416,7 @@ pub(crate) async fn measure(op: ScaleOp, n: usize, seed: u64, meter: &Arc<Meter>
         }
         ScaleOp::TimeoutStorm => storm(&blocked.pool, n, meter).await,
         ScaleOp::FloorRandomTouch => floor_random_touch(n, seed ^ n as u64, meter),
+        ScaleOp::FloorSerialTouch => floor_serial_touch(n, seed ^ n as u64, meter),
         ScaleOp::ShutdownNow => {
             let handles = blocked.queue(n, meter);
             meter.begin();

@@ -104,8 +104,12 @@
 //! (see `benches/common/scale.rs`): `submit` (per `spawn()`),
 //! `cancel_newest_first`, `cancel_random` (per cancel), `timeout_storm` (per
 //! caller timing out while queued) and `shutdown_now` (per queued job), on a
-//! default runtime, behind one permit held by a function blocked on a gate.
-//! Small sizes repeat the operation in the process (up to 16 times; the
+//! default runtime, behind one permit held by a function blocked on a gate;
+//! and two references without the offloader, `floor_random_touch` and
+//! `floor_serial_touch` (no target: what a random touch of `n` job-sized
+//! objects costs, with and without the processor looking ahead to the next
+//! one), from which the report derives the least a cancel in random order
+//! can cost at the largest size. Small sizes repeat the operation in the process (up to 16 times; the
 //! median counts). An operation that runs past `--scale-guard` is reported
 //! as too slow (`null`, and in `scale_too_slow` with how far it got) and is
 //! not tried again at that size or larger. `scale_ratio_<op>`: cost at the

@@ -360,3 +360,77 @@ pub enum BuildError {
         max: usize,
     },
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Every kind of error answers exactly the predicates that name it.
+    #[test]
+    fn each_error_answers_only_its_own_predicates() {
+        let id = JobId(7);
+        // (error, is_timeout, is_cancelled, is_panic, is_rejected)
+        let cases = [
+            (
+                Error::TimedOut {
+                    id,
+                    waited: Duration::from_millis(5),
+                    state: JobState::Running,
+                    fate: Fate::KeptRunning,
+                },
+                (true, false, false, false),
+            ),
+            (Error::Cancelled { id }, (false, true, false, false)),
+            (Error::Unstarted { id }, (false, true, false, false)),
+            (
+                Error::Panicked {
+                    id,
+                    message: "boom".into(),
+                },
+                (false, false, true, false),
+            ),
+            (
+                Error::Rejected(Rejected::ShuttingDown),
+                (false, false, false, true),
+            ),
+            (Error::PolledAfterCompletion, (false, false, false, false)),
+            (Error::WouldDeadlock { id }, (false, false, false, false)),
+            (Error::OutcomeTaken { id }, (false, false, false, false)),
+        ];
+        for (e, want) in cases {
+            let got = (
+                e.is_timeout(),
+                e.is_cancelled(),
+                e.is_panic(),
+                e.is_rejected(),
+            );
+            assert_eq!(got, want, "{e:?}");
+        }
+    }
+
+    /// Durations read in milliseconds below ten seconds, in seconds from
+    /// ten on.
+    #[test]
+    fn a_pretty_duration_switches_to_seconds_at_ten() {
+        let show = |d: Duration| Pretty(d).to_string();
+        assert_eq!(show(Duration::from_micros(203_840)), "203.8ms");
+        assert_eq!(show(Duration::from_millis(9_999)), "9999.0ms");
+        assert_eq!(show(Duration::from_secs(10)), "10.00s");
+        assert_eq!(show(Duration::from_millis(12_345)), "12.35s");
+    }
+
+    /// A refused submission prints its reason (not its function) and names
+    /// the reason as its source.
+    #[test]
+    fn a_submit_error_prints_and_chains_its_reason() {
+        let e = SubmitError::new(Rejected::Full { capacity: 3 }, |_: u8| ());
+        let debug = format!("{e:?}");
+        assert!(debug.starts_with("SubmitError"), "{debug}");
+        assert!(debug.contains("Full") && debug.contains('3'), "{debug}");
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(
+            source.as_deref(),
+            Some("the queue is full (3 jobs waiting)")
+        );
+    }
+}

@@ -263,6 +263,17 @@ async fn shutdown_now_drains_every_lane_in_order() {
     assert_ledger(&pool.metrics());
 }
 
+/// A key prints as itself (`Display`) and, for a debug printout, with its
+/// kind and a string key quoted (kills the mutant of `LaneKey`'s `Debug`:
+/// mutation testing of lane.rs).
+#[test]
+fn a_key_prints_as_itself() {
+    assert_eq!(LaneKey::from("db").to_string(), "db");
+    assert_eq!(LaneKey::from(7u64).to_string(), "7");
+    assert_eq!(format!("{:?}", LaneKey::from("db")), r#"LaneKey("db")"#);
+    assert_eq!(format!("{:?}", LaneKey::from(7usize)), "LaneKey(7)");
+}
+
 /// Zero as a key limit is refused when building, naming the key.
 #[test]
 fn a_zero_key_limit_is_refused() {
@@ -439,6 +450,63 @@ async fn an_ended_wait_for_the_own_key_gives_its_count_back() {
     assert_eq!(tries, [true; 3], "each wait times out; none is refused");
     assert_eq!(last, Ok(7));
     within("the blocker", blocker).await.unwrap();
+}
+
+/// A function's wait for a queued job is judged by the waiting function's
+/// own key, not by another running job's: a function without a key waits
+/// (until its timeout) for queued jobs of keys whose one slot is held by
+/// other functions, and is never refused as `WouldDeadlock` (kills the
+/// mutants of `sync::current_job` that name the job in the first slots of
+/// the pool's job table instead of the running one: mutation testing of
+/// sync.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_wait_is_judged_by_the_waiting_functions_own_key() {
+    const KEYS: [&str; 3] = ["x", "y", "z"];
+    let pool = Offloader::builder()
+        .max_in_flight(4)
+        .max_per_key(1)
+        .build()
+        .unwrap();
+    // The first jobs of the pool, in its first job slots: one per key,
+    // held running.
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let blockers: Vec<_> = KEYS
+        .iter()
+        .map(|&k| {
+            let (tx, hold) = (tx.clone(), hold.clone());
+            pool.offload(move |_| {
+                tx.send(()).unwrap();
+                hold.wait()
+            })
+            .key(k)
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for _ in KEYS {
+        recv("a blocker", &mut started).await;
+    }
+    let p = pool.clone();
+    let waiter = pool.offload(move |_| {
+        KEYS.map(|k| {
+            let mut queued = p.offload(|_| 7).key(k).spawn().unwrap();
+            queued
+                .blocking_wait_timeout(SHORT)
+                .map_err(|e| e.to_string())
+        })
+    });
+    let waits = within("the waiting function", waiter).await.unwrap();
+    for (k, wait) in KEYS.iter().zip(waits) {
+        let text = wait.expect_err("the key's slot stays held");
+        assert!(text.contains("stopped waiting"), "key {k}: {text}");
+    }
+    gate.open();
+    for b in blockers {
+        within("a blocker", b).await.unwrap();
+    }
+    within("the queued jobs run", pool.idle()).await;
+    assert_eq!(pool.metrics().completed, 7);
 }
 
 /// Reports carry a job's key: every observer event, the unstarted jobs

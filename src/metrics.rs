@@ -149,3 +149,51 @@ impl GroupMetrics {
         self.accepted == self.queued + self.running + self.terminal()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The sums add up the fields they name, each once (distinct powers of
+    /// two, so that a field left out, counted twice or subtracted shows).
+    #[test]
+    fn the_sums_add_up_their_fields() {
+        let mut m = Metrics {
+            rejected_full: 1,
+            rejected_shutdown: 2,
+            rejected_spawn: 4,
+            rejected_observer: 8,
+            callers_timed_out: 16,
+            callers_dropped: 32,
+            completed: 64,
+            panicked: 128,
+            cancelled: 256,
+            unstarted: 512,
+            queued: 1024,
+            running: 2048,
+            ..Metrics::default()
+        };
+        assert_eq!(m.rejected(), 15);
+        assert_eq!(m.callers_left(), 48);
+        assert_eq!(m.terminal(), 960);
+        m.accepted = 1024 + 2048 + 960;
+        assert!(m.ledger_balances());
+        m.accepted += 1;
+        assert!(!m.ledger_balances());
+
+        let mut g = GroupMetrics {
+            completed: 1,
+            panicked: 2,
+            cancelled: 4,
+            unstarted: 8,
+            queued: 16,
+            running: 32,
+            ..GroupMetrics::default()
+        };
+        assert_eq!(g.terminal(), 15);
+        g.accepted = 63;
+        assert!(g.ledger_balances());
+        g.accepted = 62;
+        assert!(!g.ledger_balances());
+    }
+}

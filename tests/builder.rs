@@ -53,6 +53,27 @@ fn queue_capacity_must_be_positive_and_bounded() {
         .is_err());
 }
 
+/// The largest `max_in_flight` builds; one more is refused, naming both
+/// (kills the mutant of `Config::validate` that refused the largest:
+/// mutation testing of config.rs).
+#[test]
+fn the_largest_in_flight_limit_builds_and_one_more_is_refused() {
+    let max = match Offloader::builder().max_in_flight(usize::MAX).build() {
+        Err(BuildError::TooManyInFlight { got, max }) => {
+            assert_eq!(got, usize::MAX);
+            max
+        }
+        other => panic!("unexpected {other:?}"),
+    };
+    assert!(max >= 1 << 16, "far beyond any real pool: {max}");
+    let pool = Offloader::builder().max_in_flight(max).build();
+    assert!(pool.is_ok(), "{pool:?}");
+    match Offloader::builder().max_in_flight(max + 1).build() {
+        Err(BuildError::TooManyInFlight { got, .. }) => assert_eq!(got, max + 1),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 #[test]
 fn the_defaults_build() {
     let pool = Offloader::builder().build().expect("defaults are valid");

@@ -197,6 +197,36 @@ async fn invoke_any_returns_every_error_when_all_fail() {
     assert!(within("empty", none).await.unwrap_err().is_empty());
 }
 
+/// Batch calls print how many jobs they carry and their options, and a
+/// group prints its counters (kills the `Debug` mutants of `InvokeAll`,
+/// `InvokeAny` and `JobGroup`: mutation testing of batch.rs and group.rs).
+#[test]
+fn batch_calls_and_groups_print_what_they_hold() {
+    let pool = pool(2, 16);
+    let fs: Vec<Call<u8>> = vec![Box::new(|_| 1), Box::new(|_| 2)];
+    let all = format!(
+        "{:?}",
+        pool.invoke_all(fs)
+            .with_timeout(std::time::Duration::from_millis(5))
+            .on_abandon(AbandonPolicy::CancelIfQueued)
+    );
+    assert!(all.starts_with("InvokeAll"), "{all}");
+    assert!(all.contains("jobs: 2"), "{all}");
+    assert!(
+        all.contains("5ms") && all.contains("CancelIfQueued"),
+        "{all}"
+    );
+    let fs: Vec<Call<Result<u8, ()>>> = vec![Box::new(|_| Ok(1))];
+    let any = format!("{:?}", pool.invoke_any(fs));
+    assert!(
+        any.starts_with("InvokeAny") && any.contains("jobs: 1"),
+        "{any}"
+    );
+    let group = format!("{:?}", pool.group());
+    assert!(group.starts_with("JobGroup"), "{group}");
+    assert!(group.contains("accepted: 0"), "{group}");
+}
+
 /// Dropping an `invoke_any` future stops its jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_invoke_any_stops_its_jobs() {

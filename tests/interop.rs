@@ -79,13 +79,25 @@ async fn the_watch_ends_with_the_group() {
     assert!(!token.is_cancelled());
 }
 
-/// Outside a runtime the watch runs on a thread of its own.
+/// Outside a runtime the watch runs on a thread of its own, which sleeps
+/// until the token is cancelled and is woken by it (the token is cancelled
+/// only once the thread is seen asleep: kills the mutant of the thread's
+/// waker that never unparked it, from mutation testing of interop.rs).
 #[test]
 fn stop_on_works_outside_a_runtime() {
+    const WATCH: &str = "offloader-stop-on";
     let pool = pool(1, 16);
     let group = pool.group();
     let token = CancellationToken::new();
     group.stop_on(token.clone());
+    let deadline = std::time::Instant::now() + HANG;
+    while sleeping_threads_named(WATCH) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watch thread never went to sleep"
+        );
+        std::thread::yield_now();
+    }
     token.cancel();
     let deadline = std::time::Instant::now() + HANG;
     while !group.is_stopped() {
@@ -223,4 +235,64 @@ async fn a_job_following_a_cancelled_token_never_runs() {
     assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     let m = pool.metrics();
     assert_eq!((m.cancelled, m.completed), (300, 0), "{m:?}");
+}
+
+/// Holds the pool's `accepted` event (trace level, emitted on the
+/// submitting thread after the accepting critical section) until the job
+/// has started, at most [`SHORT`]: the window between accepting a job and
+/// its watch seeing the token, held open.
+struct HoldAccepted(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
+
+impl tracing::Subscriber for HoldAccepted {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::TRACE {
+            let started = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = started.recv_timeout(SHORT);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A job that follows a token cancelled already is cancelled while it is
+/// accepted, not by its watch just after: with that moment held open and a
+/// worker looking for work, the job still never runs (kills the mutant of
+/// `Follow::is_cancelled` that left the cancel to the watch: mutation
+/// testing of interop.rs; `a_job_following_a_cancelled_token_never_runs`
+/// only catches it when the race falls that way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_following_a_cancelled_token_is_cancelled_as_it_is_accepted() {
+    let pool = pool(2, 16);
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    for _ in 0..10 {
+        // A worker that has just finished a job looks for the next one for
+        // a while before it parks.
+        within("a warm-up job", pool.offload(|_| ())).await.unwrap();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let hold = HoldAccepted(std::sync::Mutex::new(started));
+        let job = tracing::subscriber::with_default(hold, || {
+            pool.offload(move |_| {
+                let _ = started_tx.send(());
+            })
+            .stop_on(cancelled.clone())
+            .spawn()
+            .unwrap()
+        });
+        let outcome = within("the job", job).await;
+        assert!(
+            matches!(&outcome, Err(e) if e.is_cancelled()),
+            "{outcome:?}"
+        );
+    }
+    let m = pool.metrics();
+    assert_eq!((m.cancelled, m.completed), (10, 10), "{m:?}");
 }

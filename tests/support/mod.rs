@@ -325,9 +325,11 @@ pub(crate) fn assert_ledger(m: &Metrics) {
     );
 }
 
-/// The `stat` lines of this process's threads named `name` (at most 15
-/// bytes on Linux); none without `/proc`.
+/// The `stat` lines of this process's threads named `name` (Linux keeps
+/// the first 15 bytes of a name: a longer one is compared by those); none
+/// without `/proc`.
 fn stats_of_threads_named(name: &str) -> Vec<String> {
+    let name = name.get(..15).unwrap_or(name);
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };

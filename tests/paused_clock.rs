@@ -153,6 +153,39 @@ async fn close_and_await_termination_wait_for_real_work_under_a_paused_clock() {
     assert!(pool.await_termination(Duration::from_secs(5)).await);
 }
 
+/// A job's thread-local whose destructor takes `WORK` of real time: it
+/// runs when the worker thread exits.
+struct SlowExit;
+
+impl Drop for SlowExit {
+    fn drop(&mut self) {
+        std::thread::sleep(WORK);
+    }
+}
+
+thread_local! {
+    static SLOW_EXIT: std::cell::RefCell<Option<SlowExit>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A pool thread still exiting (a job's thread-local destructor) is pool
+/// work too: awaiting termination holds the clock until the thread has
+/// been joined, although nothing is queued or running any more (the join
+/// runs on tokio's blocking pool, which holds the clock as long as it
+/// runs).
+#[tokio::test(start_paused = true)]
+async fn a_thread_still_exiting_holds_the_clock_for_await_termination() {
+    let _serial = SERIAL.lock().await;
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    pool.offload(|_| SLOW_EXIT.with(|s| *s.borrow_mut() = Some(SlowExit)))
+        .await
+        .unwrap();
+    pool.shutdown();
+    assert!(
+        pool.await_termination(Duration::from_secs(5)).await,
+        "terminated within 5 s of virtual time: the clock waits for the exiting thread"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_submit_waiting_for_room_keeps_its_timeout_in_virtual_time() {
     let _serial = SERIAL.lock().await;

@@ -1131,3 +1131,17 @@ fn an_offload_prints_its_options() {
         "Offload { name: Some(\"probe\"), timeout: Some(2s), deadline: None, policy: Some(CancelIfQueued), .. }"
     );
 }
+
+/// One job at a time needs one worker: a submit finds the worker that is
+/// looking for work (or parked) instead of spawning another, however high
+/// the limit (kills the mutant of `State::find_worker` that never saw a
+/// searching worker: mutation testing of state/workers.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_job_at_a_time_keeps_one_worker() {
+    let pool = pool(16, DEFAULT_QUEUE_CAPACITY);
+    for i in 0..200u32 {
+        assert_eq!(within("a job", pool.offload(move |_| i)).await.unwrap(), i);
+    }
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.workers), (200, 1), "{m:?}");
+}

@@ -168,6 +168,14 @@ fn real_thread_spawn_failure_under_rlimit_as() {
         "{out}"
     );
     assert!(out.contains("served after memory came back: 4 5"), "{out}");
+    // The stuck-job monitor's spawn failed for real (kills the mutant of
+    // `State::monitor_gone` that kept it counted as running, so that the
+    // pool never terminated: mutation testing of state/workers.rs).
+    assert!(
+        out.contains("watched pool served without its monitor: 6 0"),
+        "{out}"
+    );
+    assert!(out.contains("watched pool terminated"), "{out}");
 }
 
 #[test]
@@ -200,7 +208,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     recv_blocking("job 1", &mut first_started);
 
     // No thread stack can be mapped any more.
-    let ballast = fill_address_space();
+    let mut ballast = fill_address_space();
     let left = address_space_left();
     println!(
         "address space left after the ballast: {} KiB in {} chunks",
@@ -271,8 +279,50 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     println!("served while thread creation failed: 2 {v3}");
     assert_eq!(threads_named("fault-rlimit"), 1);
 
+    // A pool with a stuck-job monitor, and room left for one of its thread
+    // stacks: its first job's worker is spawned, its monitor is not (the
+    // job runs; stuck jobs go unreported). Below, once memory is back, it
+    // still terminates after a shutdown: a monitor that never ran is not
+    // waited for.
+    const STACK: usize = 1 << 20;
+    const ROOM: u64 = 1600 << 10;
+    let watched = Offloader::builder()
+        .max_in_flight(1)
+        .thread_name("fault-watch")
+        .stack_size(STACK)
+        .stuck_after(Duration::from_secs(3600))
+        .build()
+        .expect("valid configuration");
+    while address_space_left() < ROOM && ballast.pop().is_some() {}
+    // Taken back down to the room by a parked thread whose stack is the
+    // excess (an allocation could come from heap memory already mapped).
+    let excess = address_space_left().saturating_sub(ROOM) as usize;
+    let (release_pad, pad_released) = mpsc::channel::<()>();
+    let pad = (excess > 64 << 10).then(|| {
+        std::thread::Builder::new()
+            .stack_size((excess - (16 << 10)) & !0xfff)
+            .spawn(move || {
+                let _ = pad_released.recv();
+            })
+            .expect("room for the pad thread")
+    });
+    println!(
+        "room for the watched pool: {} KiB",
+        address_space_left() >> 10
+    );
+    let six = watched.offload(|_| 6).spawn().expect("room for its worker");
+    let v6 = six.blocking_wait().expect("job 6");
+    println!(
+        "watched pool served without its monitor: {v6} {}",
+        threads_named("fault-watch-monitor")
+    );
+
     // Memory comes back: two jobs at once need a second worker, which can be
     // created again; the refused function is handed in again and runs.
+    drop(release_pad);
+    if let Some(pad) = pad {
+        pad.join().expect("the pad thread");
+    }
     drop(ballast);
     let (g4, hold4) = gate();
     let (tx4, mut four_started) = signal();
@@ -302,6 +352,13 @@ fn child_thread_spawn_fails_under_rlimit_as() {
         "{m:?}"
     );
     assert!(m.spawn_failures >= 1, "{m:?}");
+
+    watched.shutdown();
+    assert!(
+        watched.blocking_await_termination(Some(HANG)),
+        "the pool whose monitor never started terminated"
+    );
+    println!("watched pool terminated");
 }
 
 /// A stack size no address space can hold: every worker spawn fails with

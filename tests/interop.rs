@@ -90,23 +90,11 @@ fn stop_on_works_outside_a_runtime() {
     let group = pool.group();
     let token = CancellationToken::new();
     group.stop_on(token.clone());
-    let deadline = std::time::Instant::now() + HANG;
-    while sleeping_threads_named(WATCH) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the watch thread never went to sleep"
-        );
-        std::thread::yield_now();
-    }
+    eventually_blocking("the watch thread asleep", || {
+        sleeping_threads_named(WATCH) > 0
+    });
     token.cancel();
-    let deadline = std::time::Instant::now() + HANG;
-    while !group.is_stopped() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the group never stopped"
-        );
-        std::thread::yield_now();
-    }
+    eventually_blocking("the group stopped", || group.is_stopped());
 }
 
 /// A job's stop token, watched from async code as a cancellation token; a

@@ -81,6 +81,19 @@ pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// [`eventually`] for a plain thread: waits (yielding) until `cond` holds,
+/// failing after [`HANG`].
+pub(crate) fn eventually_blocking(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + HANG;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition never held within {HANG:?}: {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// Polls `fut` exactly once and returns what that poll gave.
 pub(crate) async fn poll_once<F: Future + ?Sized>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
     std::future::poll_fn(move |cx| Poll::Ready(fut.as_mut().poll(cx))).await

@@ -109,8 +109,8 @@
 //! `floor_serial_touch` (no target: what a random touch of `n` job-sized
 //! objects costs, with and without the processor looking ahead to the next
 //! one), from which the report derives the least a cancel in random order
-//! can cost at the largest size. Small sizes repeat the operation in the process (up to 16 times; the
-//! median counts). An operation that runs past `--scale-guard` is reported
+//! can cost at the largest size. Small sizes repeat the operation in the
+//! process (up to 16 times; the median counts). An operation that runs past `--scale-guard` is reported
 //! as too slow (`null`, and in `scale_too_slow` with how far it got) and is
 //! not tried again at that size or larger. `scale_ratio_<op>`: cost at the
 //! largest size over cost at the smallest.
@@ -1838,6 +1838,9 @@ impl Report {
         let (Some(&small), Some(&big)) = (s.sizes.first(), s.sizes.last()) else {
             return;
         };
+        if big <= small {
+            return;
+        }
         let index = |op| SCALE_OPS.iter().position(|&o| o == op);
         let (Some(cancel), Some(chase)) = (
             index(ScaleOp::CancelRandom),
@@ -1848,7 +1851,7 @@ impl Report {
         let at = |oi, n| self.scale_value(oi, n);
         let line = at(chase, big) - at(chase, small);
         let least = at(cancel, small) + line;
-        if big <= small || !least.is_finite() {
+        if !least.is_finite() {
             return;
         }
         let (sl, bl) = (scale::size_label(small), scale::size_label(big));

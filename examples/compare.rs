@@ -21,7 +21,15 @@
 //! `semaphore_spawn_blocking` (`Semaphore(limit)` + `spawn_blocking` with the
 //! owned permit moved into the closure); `tokio_capped` (`spawn_blocking` on
 //! a separate runtime built with `max_blocking_threads(limit)`);
-//! `blocking_unblock` (`blocking::unblock` with `BLOCKING_MAX_THREADS=limit`).
+//! `blocking_unblock` (`blocking::unblock` with `BLOCKING_MAX_THREADS=limit`);
+//! and `channel_pool`, a reference rather than a peer: `limit` threads on one
+//! unbounded `crossbeam-channel` of boxed closures, each result sent back on
+//! a tokio oneshot, none of the offloader's promises kept (no cancellation,
+//! stop token, timeout, metrics, admission limit or shutdown sequence). It is
+//! what submitting a job and replying to its caller costs on the machine: a
+//! ceiling for any pool with a handle per job. No target is set against it;
+//! the diagnostics compare it with `tokio_capped` (the ceiling of the
+//! throughput target) and with the offloader.
 //!
 //! # Runtimes and passes
 //!
@@ -105,11 +113,14 @@
 //! `cancel_newest_first`, `cancel_random` (per cancel), `timeout_storm` (per
 //! caller timing out while queued) and `shutdown_now` (per queued job), on a
 //! default runtime, behind one permit held by a function blocked on a gate;
-//! and two references without the offloader, `floor_random_touch` and
-//! `floor_serial_touch` (no target: what a random touch of `n` job-sized
-//! objects costs, with and without the processor looking ahead to the next
-//! one), from which the report derives the least a cancel in random order
-//! can cost at the largest size. Small sizes repeat the operation in the
+//! and three references without the offloader (no target):
+//! `floor_random_touch` and `floor_serial_touch` (what a random touch of `n`
+//! job-sized objects costs, with and without the processor looking ahead to
+//! the next one), from which the report derives the least a cancel in random
+//! order can cost at the largest size, and `floor_fresh_report` (`n`
+//! report-sized values written into a vector allocated up front, as
+//! `shutdown_now` writes its report), which the report takes out of
+//! `shutdown_now`'s cost at the largest size. Small sizes repeat the operation in the
 //! process (up to 16 times; the median counts). An operation that runs past `--scale-guard` is reported
 //! as too slow (`null`, and in `scale_too_slow` with how far it got) and is
 //! not tried again at that size or larger. `scale_ratio_<op>`: cost at the
@@ -1595,6 +1606,21 @@ impl Report {
                 }),
             );
         }
+        // The ceiling: what a pool that keeps none of the promises does.
+        let (ceiling, capped, off) = (
+            System::ChannelPool.name(),
+            System::TokioCapped.name(),
+            System::Offloader.name(),
+        );
+        let vs_capped = self.per_round_ratio(c, |r| r.throughput_l2, ceiling, capped);
+        let _ = writeln!(
+            out,
+            "  ceiling, throughput_l2: channel_pool / tokio_capped {:.3} (at least 3 in {} of {}              rounds); offloader / channel_pool {:.3}",
+            self.value(c, "throughput_l2", ceiling) / self.value(c, "throughput_l2", capped),
+            vs_capped.iter().filter(|&&r| r >= 3.0).count(),
+            vs_capped.len(),
+            self.value(c, "throughput_l2", off) / self.value(c, "throughput_l2", ceiling),
+        );
         // Each pass reads CPU twice per system.
         let readings = 2 * self.rounds() * CONDITIONS.len();
         row(
@@ -1828,6 +1854,38 @@ impl Report {
             }
         }
         self.scale_cold_line(out);
+        self.scale_fresh_report(out);
+    }
+
+    /// What `shutdown_now` costs at the largest size without writing its
+    /// report into memory the process never touched (see
+    /// `floor_fresh_report` in benches/common/scale.rs).
+    fn scale_fresh_report(&self, out: &mut String) {
+        let s = &self.scale;
+        let (Some(&small), Some(&big)) = (s.sizes.first(), s.sizes.last()) else {
+            return;
+        };
+        let index = |op| SCALE_OPS.iter().position(|&o| o == op);
+        let (Some(shut), Some(fresh)) = (
+            index(ScaleOp::ShutdownNow),
+            index(ScaleOp::FloorFreshReport),
+        ) else {
+            return;
+        };
+        let at = |oi, n| self.scale_value(oi, n);
+        let own = at(shut, big) - at(fresh, big);
+        if big <= small || !own.is_finite() {
+            return;
+        }
+        let (sl, bl) = (scale::size_label(small), scale::size_label(big));
+        let _ = writeln!(
+            out,
+            "  a fresh report vector (floor_fresh_report at {bl}): {} ns per job; shutdown_now \
+             at {bl} less that: {} ns = {:.2}x shutdown_now at {sl}",
+            grouped(at(fresh, big)),
+            grouped(own),
+            own / at(shut, small)
+        );
     }
 
     /// What one cold line paid in full adds to a cancel in random order:

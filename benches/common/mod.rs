@@ -39,15 +39,19 @@ pub(crate) enum System {
     TokioCapped,
     /// `blocking::unblock`, limited by `BLOCKING_MAX_THREADS=limit`.
     BlockingUnblock,
+    /// A reference, not a peer: the least a pool with per-job replies can
+    /// do ([`ChannelPool`]). No target is set against it.
+    ChannelPool,
 }
 
 /// Every system, in the order of the report.
-pub(crate) const SYSTEMS: [System; 5] = [
+pub(crate) const SYSTEMS: [System; 6] = [
     System::Offloader,
     System::SpawnBlocking,
     System::SemaphoreSpawnBlocking,
     System::TokioCapped,
     System::BlockingUnblock,
+    System::ChannelPool,
 ];
 
 impl System {
@@ -59,6 +63,7 @@ impl System {
             System::SemaphoreSpawnBlocking => "semaphore_spawn_blocking",
             System::TokioCapped => "tokio_capped",
             System::BlockingUnblock => "blocking_unblock",
+            System::ChannelPool => "channel_pool",
         }
     }
 
@@ -216,6 +221,7 @@ pub(crate) enum Peer {
     SemaphoreSpawnBlocking(Arc<Semaphore>),
     TokioCapped(tokio::runtime::Handle),
     BlockingUnblock,
+    ChannelPool(Arc<ChannelPool>),
 }
 
 /// A [`Peer`] and what must outlive it. Drop it outside any async context
@@ -267,6 +273,7 @@ impl Peer {
                 }
                 Peer::BlockingUnblock
             }
+            System::ChannelPool => Peer::ChannelPool(Arc::new(ChannelPool::new(limit))),
         };
         Built {
             peer,
@@ -298,6 +305,7 @@ impl Peer {
                 .await
                 .expect("capped spawn_blocking job"),
             Peer::BlockingUnblock => blocking::unblock(move || work(iters)).await,
+            Peer::ChannelPool(pool) => pool.call(move || work(iters)).await,
         }
     }
 
@@ -346,6 +354,13 @@ impl Peer {
                 submitted = began.elapsed();
                 for job in jobs {
                     sum = sum.wrapping_add(job.await);
+                }
+            }
+            Peer::ChannelPool(pool) => {
+                let jobs: Vec<_> = (0..n).map(|_| pool.spawn(move || work(iters))).collect();
+                submitted = began.elapsed();
+                for job in jobs {
+                    sum = sum.wrapping_add(job.await.expect("channel pool job"));
                 }
             }
         }
@@ -416,6 +431,9 @@ impl Peer {
             Peer::SemaphoreSpawnBlocking(sem) => drop(semaphore_task(sem, f)),
             Peer::TokioCapped(rt) => drop(rt.spawn_blocking(f)),
             Peer::BlockingUnblock => blocking::unblock(f).detach(),
+            Peer::ChannelPool(pool) => pool.run(move || {
+                std::hint::black_box(f());
+            }),
         }
     }
 
@@ -450,7 +468,69 @@ impl Peer {
             Peer::SemaphoreSpawnBlocking(sem) => kept(n, || semaphore_task(sem, || work(0))),
             Peer::TokioCapped(rt) => kept(n, || rt.spawn_blocking(|| work(0))),
             Peer::BlockingUnblock => kept(n, || blocking::unblock(|| work(0))),
+            Peer::ChannelPool(pool) => kept(n, || pool.spawn(|| work(0))),
         }
+    }
+}
+
+/// The [`System::ChannelPool`] reference: `limit` threads, started at the
+/// first job, taking boxed closures from one unbounded `crossbeam-channel`,
+/// each job's result sent back over a tokio oneshot channel. Nothing of what
+/// the offloader promises (no cancellation, stop token, timeout, metrics,
+/// admission limit or shutdown sequence; a panic kills a thread): what
+/// submitting a job and replying to its caller costs on the machine, and
+/// so a ceiling for any pool with a handle per job.
+pub(crate) struct ChannelPool {
+    limit: usize,
+    tx: crossbeam_channel::Sender<Box<dyn FnOnce() + Send>>,
+    rx: crossbeam_channel::Receiver<Box<dyn FnOnce() + Send>>,
+    started: std::sync::Once,
+}
+
+impl ChannelPool {
+    fn new(limit: usize) -> ChannelPool {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        ChannelPool {
+            limit,
+            tx,
+            rx,
+            started: std::sync::Once::new(),
+        }
+    }
+
+    /// Queues `f` with nobody waiting for it. Its threads live as long as
+    /// the process (a measuring child exits without dropping its pools).
+    fn run(&self, f: impl FnOnce() + Send + 'static) {
+        self.started.call_once(|| {
+            for _ in 0..self.limit {
+                let rx = self.rx.clone();
+                std::thread::Builder::new()
+                    .name("channel-pool".into())
+                    .spawn(move || {
+                        for job in rx {
+                            job();
+                        }
+                    })
+                    .expect("channel pool thread");
+            }
+        });
+        self.tx.send(Box::new(f)).expect("channel pool open");
+    }
+
+    /// Queues `f`; the receiver is its handle.
+    fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> tokio::sync::oneshot::Receiver<T> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.run(move || {
+            let _ = reply.send(f());
+        });
+        rx
+    }
+
+    async fn call<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn(f).await.expect("channel pool job")
     }
 }
 

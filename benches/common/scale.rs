@@ -34,6 +34,12 @@
 //!   line has arrived. That is a cancel's case when its own path between two
 //!   jobs is too long for the processor to look ahead to the next job: its
 //!   cost at 1 M minus its cost at 1 k is one cold line paid in full.
+//! - `floor_fresh_report`, a third reference: `n` values the size of an
+//!   `UnstartedJob` (64 bytes) pushed into a vector allocated for `n` up
+//!   front, as `shutdown_now` builds its report. At 1 M that is 64 MB of
+//!   memory the process never touched (page faults, pages zeroed by the
+//!   kernel); at 1 k, heap memory used before. `shutdown_now` at 1 M less
+//!   this reference at 1 M is the cost of its own work.
 //!
 //! Included with `#[path]`; not every target uses every item.
 #![allow(dead_code)]
@@ -43,7 +49,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use offloader::{AbandonPolicy, JobHandle, Offloader};
+use offloader::{AbandonPolicy, JobHandle, Offloader, UnstartedJob};
 
 use crate::common::{work, Gate};
 
@@ -57,10 +63,11 @@ pub(crate) enum ScaleOp {
     ShutdownNow,
     FloorRandomTouch,
     FloorSerialTouch,
+    FloorFreshReport,
 }
 
 /// Every operation, in the order of the report.
-pub(crate) const SCALE_OPS: [ScaleOp; 7] = [
+pub(crate) const SCALE_OPS: [ScaleOp; 8] = [
     ScaleOp::Submit,
     ScaleOp::CancelNewestFirst,
     ScaleOp::CancelRandom,
@@ -68,6 +75,7 @@ pub(crate) const SCALE_OPS: [ScaleOp; 7] = [
     ScaleOp::ShutdownNow,
     ScaleOp::FloorRandomTouch,
     ScaleOp::FloorSerialTouch,
+    ScaleOp::FloorFreshReport,
 ];
 
 impl ScaleOp {
@@ -81,13 +89,17 @@ impl ScaleOp {
             ScaleOp::ShutdownNow => "shutdown_now",
             ScaleOp::FloorRandomTouch => "floor_random_touch",
             ScaleOp::FloorSerialTouch => "floor_serial_touch",
+            ScaleOp::FloorFreshReport => "floor_fresh_report",
         }
     }
 
     /// A reference measured without the offloader, not an operation of it
     /// (no target).
     pub(crate) fn is_reference(self) -> bool {
-        matches!(self, ScaleOp::FloorRandomTouch | ScaleOp::FloorSerialTouch)
+        matches!(
+            self,
+            ScaleOp::FloorRandomTouch | ScaleOp::FloorSerialTouch | ScaleOp::FloorFreshReport
+        )
     }
 
     pub(crate) fn from_name(name: &str) -> Option<ScaleOp> {
@@ -373,6 +385,26 @@ fn floor_serial_touch(n: usize, seed: u64, meter: &Meter) -> Duration {
     took
 }
 
+/// The `floor_fresh_report` reference (see the module docs).
+fn floor_fresh_report(n: usize, meter: &Meter) -> Duration {
+    /// The size of an `UnstartedJob`, written field by field as a report's.
+    #[derive(Clone, Copy)]
+    struct ReportSized([u64; 8]);
+    const _: () =
+        assert!(std::mem::size_of::<ReportSized>() == std::mem::size_of::<UnstartedJob>());
+    meter.begin();
+    let t = Instant::now();
+    let mut report = Vec::with_capacity(n);
+    for i in 0..n {
+        report.push(ReportSized([i as u64; 8]));
+        meter.tick(i + 1);
+    }
+    let took = t.elapsed();
+    meter.end();
+    assert_eq!(std::hint::black_box(&report).len(), n);
+    took
+}
+
 /// Cancels every handle in the given order; the time it took.
 fn cancel_all<'a>(handles: impl Iterator<Item = &'a JobHandle<u64>>, meter: &Meter) -> Duration {
     let mut refused = 0usize;
@@ -417,6 +449,7 @@ pub(crate) async fn measure(op: ScaleOp, n: usize, seed: u64, meter: &Arc<Meter>
         ScaleOp::TimeoutStorm => storm(&blocked.pool, n, meter).await,
         ScaleOp::FloorRandomTouch => floor_random_touch(n, seed ^ n as u64, meter),
         ScaleOp::FloorSerialTouch => floor_serial_touch(n, seed ^ n as u64, meter),
+        ScaleOp::FloorFreshReport => floor_fresh_report(n, meter),
         ScaleOp::ShutdownNow => {
             let handles = blocked.queue(n, meter);
             meter.begin();

@@ -1615,7 +1615,8 @@ impl Report {
         let vs_capped = self.per_round_ratio(c, |r| r.throughput_l2, ceiling, capped);
         let _ = writeln!(
             out,
-            "  ceiling, throughput_l2: channel_pool / tokio_capped {:.3} (at least 3 in {} of {}              rounds); offloader / channel_pool {:.3}",
+            "  ceiling (channel_pool, no promise kept): throughput_l2 {:.3}x tokio_capped, \
+             3x or more in {} of {} rounds; the offloader's {:.3}x channel_pool's",
             self.value(c, "throughput_l2", ceiling) / self.value(c, "throughput_l2", capped),
             vs_capped.iter().filter(|&&r| r >= 3.0).count(),
             vs_capped.len(),

@@ -197,14 +197,21 @@ impl Inner {
                 self.retire(s, slot, after);
                 return None;
             }
-            if SPIN && !spun && (searching || s.searching() == 0) {
+            // ORDERING: a hint (one spinner at a time); `claim_spin` decides.
+            let other_spins = self.spinner.load(StdOrdering::Relaxed);
+            if SPIN && !spun && (searching || s.searching() == 0) && !other_spins {
                 if !searching {
                     s.begin_search();
                     searching = true;
                 }
                 drop(s);
                 self.after(std::mem::take(&mut after));
-                self.spin();
+                // Claimed after the foreign code `after` may run, so that
+                // the flag is never held across it.
+                if self.claim_spin() {
+                    self.spin();
+                    self.spinner.store(false, StdOrdering::Release);
+                }
                 spun = true;
                 s = self.lock();
                 continue;
@@ -278,6 +285,15 @@ impl Inner {
         let mut after = After::default();
         self.lock().joined(n, own, &mut after);
         self.after(after);
+    }
+
+    /// Whether this worker may spin: one worker spins at a time. The
+    /// spinner clears the flag when its spin ends (`spin` runs no foreign
+    /// code and cannot panic).
+    fn claim_spin(&self) -> bool {
+        self.spinner
+            .compare_exchange(false, true, StdOrdering::Acquire, StdOrdering::Relaxed)
+            .is_ok()
     }
 
     /// Spins until a job is queued or the spin budget is spent.

@@ -35,7 +35,7 @@
 //!   jobs is too long for the processor to look ahead to the next job: its
 //!   cost at 1 M minus its cost at 1 k is one cold line paid in full.
 //! - `floor_fresh_report`, a third reference: `n` values the size of an
-//!   `UnstartedJob` (64 bytes) pushed into a vector allocated for `n` up
+//!   `UnstartedJob` (64 bytes on 64-bit targets) pushed into a vector allocated for `n` up
 //!   front, as `shutdown_now` builds its report. At 1 M that is 64 MB of
 //!   memory the process never touched (page faults, pages zeroed by the
 //!   kernel); at 1 k, heap memory used before. `shutdown_now` at 1 M less
@@ -387,16 +387,14 @@ fn floor_serial_touch(n: usize, seed: u64, meter: &Meter) -> Duration {
 
 /// The `floor_fresh_report` reference (see the module docs).
 fn floor_fresh_report(n: usize, meter: &Meter) -> Duration {
-    /// The size of an `UnstartedJob`, written field by field as a report's.
+    /// A value the size of an `UnstartedJob` on any target.
     #[derive(Clone, Copy)]
-    struct ReportSized([u64; 8]);
-    const _: () =
-        assert!(std::mem::size_of::<ReportSized>() == std::mem::size_of::<UnstartedJob>());
+    struct ReportSized([u8; std::mem::size_of::<UnstartedJob>()]);
     meter.begin();
     let t = Instant::now();
     let mut report = Vec::with_capacity(n);
     for i in 0..n {
-        report.push(ReportSized([i as u64; 8]));
+        report.push(ReportSized([i as u8; std::mem::size_of::<UnstartedJob>()]));
         meter.tick(i + 1);
     }
     let took = t.elapsed();

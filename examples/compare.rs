@@ -1858,24 +1858,34 @@ impl Report {
         self.scale_fresh_report(out);
     }
 
+    /// The smallest and the largest size of the scale section, when there
+    /// is a larger one, and the report rows of `ops`: what the lines derived
+    /// from the scale table start from.
+    fn scale_ends<const N: usize>(&self, ops: [ScaleOp; N]) -> Option<(usize, usize, [usize; N])> {
+        let s = &self.scale;
+        let (&small, &big) = (s.sizes.first()?, s.sizes.last()?);
+        if big <= small {
+            return None;
+        }
+        let mut rows = [0; N];
+        for (row, op) in rows.iter_mut().zip(ops) {
+            *row = SCALE_OPS.iter().position(|&o| o == op)?;
+        }
+        Some((small, big, rows))
+    }
+
     /// What `shutdown_now` costs at the largest size without writing its
     /// report into memory the process never touched (see
     /// `floor_fresh_report` in benches/common/scale.rs).
     fn scale_fresh_report(&self, out: &mut String) {
-        let s = &self.scale;
-        let (Some(&small), Some(&big)) = (s.sizes.first(), s.sizes.last()) else {
-            return;
-        };
-        let index = |op| SCALE_OPS.iter().position(|&o| o == op);
-        let (Some(shut), Some(fresh)) = (
-            index(ScaleOp::ShutdownNow),
-            index(ScaleOp::FloorFreshReport),
-        ) else {
+        let Some((small, big, [shut, fresh])) =
+            self.scale_ends([ScaleOp::ShutdownNow, ScaleOp::FloorFreshReport])
+        else {
             return;
         };
         let at = |oi, n| self.scale_value(oi, n);
         let own = at(shut, big) - at(fresh, big);
-        if big <= small || !own.is_finite() {
+        if !own.is_finite() {
             return;
         }
         let (sl, bl) = (scale::size_label(small), scale::size_label(big));
@@ -1893,18 +1903,9 @@ impl Report {
     /// the least its cost at the largest size can be, given its cost at the
     /// smallest (see `floor_serial_touch` in benches/common/scale.rs).
     fn scale_cold_line(&self, out: &mut String) {
-        let s = &self.scale;
-        let (Some(&small), Some(&big)) = (s.sizes.first(), s.sizes.last()) else {
-            return;
-        };
-        if big <= small {
-            return;
-        }
-        let index = |op| SCALE_OPS.iter().position(|&o| o == op);
-        let (Some(cancel), Some(chase)) = (
-            index(ScaleOp::CancelRandom),
-            index(ScaleOp::FloorSerialTouch),
-        ) else {
+        let Some((small, big, [cancel, chase])) =
+            self.scale_ends([ScaleOp::CancelRandom, ScaleOp::FloorSerialTouch])
+        else {
             return;
         };
         let at = |oi, n| self.scale_value(oi, n);

@@ -748,7 +748,12 @@ async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused()
 /// waiting pool: `p` is granted the permit and readies its blocked lane,
 /// but no worker can start it (spawns fail) before its only job is
 /// cancelled; the grant then goes to `q`, whose job starts. (Kills the
-/// mutants of `Limiter::leave` that keep a leaving pool's grants.)
+/// mutants of `Limiter::leave` that keep a leaving pool's grants.) The pool
+/// permit `p` promised to its readied lane is free again: a grant that
+/// comes later readies a lane of `p` beside `r1`, still running. (Kills
+/// the mutants of `State::lane_update` that count a readied lane left
+/// without jobs up (`readied += 1`) or not at all (`/=`): `p` would
+/// decline the grant for want of a permit.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
     let l = Limiter::new(1);
@@ -761,6 +766,16 @@ async fn a_grant_no_lane_can_use_goes_back_to_the_next_waiting_pool() {
     assert!(b.k1.cancel(), "k1 never started");
     assert_eq!(within("q's job, granted next", on_q).await.unwrap(), "q");
     p.__fail_next_thread_spawns(0);
+    assert_settled(&l);
+    let (_holder_pool, holder_gate, holder) = held_elsewhere(&l).await;
+    let k2 = p.offload(|_| "k2").key("k").limiter(&l).spawn().unwrap();
+    // A worker of `p` has tried k2's lane (ahead of the default lane in the
+    // ring) when this job has run: k2 is blocked on `l`.
+    within("a job on p", p.offload(|_| ())).await.unwrap();
+    assert_eq!(l.stats().pools_waiting, 1);
+    holder_gate.open();
+    within("the second holder", holder).await.unwrap();
+    assert_eq!(within("k2, granted beside r1", k2).await.unwrap(), "k2");
     b.r1_gate.open();
     within("r1", b.r1).await.unwrap();
     assert_settled(&l);

@@ -221,3 +221,78 @@ impl LimState {
         self.dispense(granted);
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    struct Pool;
+
+    impl Watcher for Pool {
+        fn limiter_freed(&self, _: &Limiter) {}
+        fn hold_clock_again(&self) {}
+    }
+
+    fn pool_ref(pool: &Arc<Pool>) -> PoolRef {
+        let weak: Weak<dyn Watcher> = Arc::downgrade(pool) as Weak<dyn Watcher>;
+        PoolRef::new(weak)
+    }
+
+    /// M3 after a decrease: grants beyond the free permits are revoked,
+    /// the last granted first, exactly as many as the new count needs, and
+    /// nothing is granted anew. Kills the mutants of `revoke_excess` that
+    /// compare with `==` (nothing revoked) or `>=` (one too many revoked,
+    /// then granted again to another pool), or that count the revoked
+    /// grant up (`+=`) or not at all (`/=`) in the pool's entry.
+    #[test]
+    fn a_decrease_revokes_the_last_grants_and_no_more() {
+        let (a, b) = (Arc::new(Pool), Arc::new(Pool));
+        let (pa, pb) = (pool_ref(&a), pool_ref(&b));
+        let mut s = LimState::new(0);
+        s.watch(&pa);
+        s.watch(&pb);
+        let mut granted = Vec::new();
+        s.set_permits(2, &mut granted);
+        assert_eq!(granted.len(), 2);
+        assert_eq!((s.grants_of(&pa), s.grants_of(&pb), s.granted), (1, 1, 2));
+
+        let mut granted = Vec::new();
+        s.set_permits(1, &mut granted);
+        assert!(granted.is_empty(), "a decrease grants nothing");
+        assert_eq!((s.grants_of(&pa), s.grants_of(&pb), s.granted), (1, 0, 1));
+
+        s.set_permits(0, &mut granted);
+        assert!(granted.is_empty());
+        assert_eq!((s.grants_of(&pa), s.grants_of(&pb), s.granted), (0, 0, 0));
+        assert!(s.grants.is_empty(), "no entry of zero grants is kept");
+
+        // The permits come back: both pools are granted again.
+        s.set_permits(2, &mut granted);
+        assert_eq!(granted.len(), 2);
+        assert_eq!((s.grants_of(&pa), s.grants_of(&pb), s.granted), (1, 1, 2));
+    }
+
+    /// A decrease below the permits in use revokes every grant, and one
+    /// that leaves room for the grants revokes none.
+    #[test]
+    fn a_decrease_counts_the_permits_in_use() {
+        let a = Arc::new(Pool);
+        let pa = pool_ref(&a);
+        let mut s = LimState::new(0);
+        s.watch(&pa);
+        let mut granted = Vec::new();
+        s.set_permits(3, &mut granted);
+        assert_eq!(s.grants_of(&pa), 3);
+        s.take_one(&pa);
+        assert_eq!((s.in_use, s.granted), (1, 2));
+        s.set_permits(3, &mut granted);
+        assert_eq!(s.granted, 2, "no decrease, nothing revoked");
+        s.set_permits(2, &mut granted);
+        assert_eq!((s.grants_of(&pa), s.granted), (1, 1));
+        s.set_permits(0, &mut granted);
+        assert_eq!((s.grants_of(&pa), s.granted), (0, 0));
+        assert_eq!(s.in_use, 1, "a permit in use is not revoked");
+    }
+}

@@ -27,6 +27,8 @@ use crate::lane::{KeyStats, LaneId, LaneKey};
 use crate::limiter::{try_acquire_all, Limiter};
 
 mod limited;
+#[cfg(all(test, not(loom)))]
+mod tests;
 use crate::slab::{Key, List};
 pub(crate) use limited::{Blocked, OwnWaitMark};
 

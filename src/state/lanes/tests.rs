@@ -108,21 +108,25 @@ fn burst_of_keys(s: &mut State, keys: usize) -> usize {
 /// L3: once only the default lane holds jobs, a lane slab of at most
 /// `KEEP_LANE_SLOTS` slots keeps them (the next burst of keys reuses
 /// them), and a larger one gives them back. Kills the mutants of
-/// `KEEP_LANE_SLOTS` (`4 + 16`, `4 / 16`), of `lane_emptied` that compare
+/// `KEEP_LANE_SLOTS` (`4 + 16`, `4 / 16`: the bound is four times
+/// `KEEP_IDLE_LANES`), of `lane_emptied` that compare
 /// the slots by `>=`, or compact while keyed lanes still hold jobs (`||`:
 /// the default lane would not come back as slot 0).
 #[test]
 fn a_lane_slab_gives_its_memory_back_only_beyond_its_bound() {
+    // The bound: room for four times the idle lanes a pool keeps.
+    let bound = 4 * KEEP_IDLE_LANES;
+    assert_eq!(KEEP_LANE_SLOTS, bound);
     let watcher = Arc::new(Pool);
     let mut s = state(1, usize::MAX, &watcher);
-    let peak = burst_of_keys(&mut s, KEEP_LANE_SLOTS - 1);
-    assert_eq!(peak, KEEP_LANE_SLOTS);
-    assert_eq!(s.lanes.slots(), KEEP_LANE_SLOTS, "kept for the next burst");
+    let peak = burst_of_keys(&mut s, bound - 1);
+    assert_eq!(peak, bound);
+    assert_eq!(s.lanes.slots(), bound, "kept for the next burst");
     assert_eq!(s.lanes.len(), 1 + KEEP_IDLE_LANES);
 
     let mut s = state(1, usize::MAX, &watcher);
-    let peak = burst_of_keys(&mut s, KEEP_LANE_SLOTS);
-    assert_eq!(peak, KEEP_LANE_SLOTS + 1);
+    let peak = burst_of_keys(&mut s, bound);
+    assert_eq!(peak, bound + 1);
     assert_eq!((s.lanes.slots(), s.lanes.len()), (1, 1), "given back");
     // The default lane still works.
     let task = accept(&mut s, None, Vec::new());

@@ -299,6 +299,9 @@ where
         // to finish) holds the clock as long as it lasts; set up at the
         // first wait.
         let mut hold = None;
+        // Stands in for the caller's waker in the `Notify` (made at the
+        // first wait): see `wait_list::Relay`.
+        let mut relay = None;
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -321,6 +324,8 @@ where
                     return Err(SubmitError::new(reason, back.func));
                 }
             }
+            let relay = relay.get_or_insert_with(std::sync::Arc::default);
+            let freed = crate::wait_list::Relayed::new(freed, relay);
             match wait_until {
                 None => freed.await,
                 Some(at) => {

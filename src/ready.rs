@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
+use crate::wait_list::WakerCell;
+
 /// Futures polled by one poll of a [`ReadySet`] before it yields.
 pub(crate) const BUDGET: usize = 64;
 
@@ -24,8 +26,9 @@ pub(crate) const BUDGET: usize = 64;
 struct Shared {
     /// Woken futures' wakers, each at most once.
     queue: Mutex<VecDeque<Arc<Slot>>>,
-    /// The task polling the set.
-    task: Mutex<Option<Waker>>,
+    /// The task polling the set (its waker is cloned, dropped and woken
+    /// outside every lock: `WakerCell`).
+    task: WakerCell,
 }
 
 /// One future's waker: queues its index, then wakes the set's task (after
@@ -56,10 +59,7 @@ impl Wake for Slot {
             return;
         };
         lock(&shared.queue).push_back(self.clone());
-        let task = lock(&shared.task).clone();
-        if let Some(task) = task {
-            task.wake();
-        }
+        shared.task.wake();
     }
 }
 
@@ -137,12 +137,8 @@ impl<F: Future> ReadySet<F> {
         if self.live == 0 {
             return Poll::Ready(None);
         }
-        {
-            let mut task = lock(&self.shared.task);
-            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
-        }
+        // Before the queue is looked at: a wake-up from now on finds it.
+        self.shared.task.set(cx.waker());
         for _ in 0..BUDGET {
             let Some(woken) = lock(&self.shared.queue).pop_front() else {
                 return Poll::Pending;

@@ -83,8 +83,12 @@ impl Offloader {
     /// nothing pretends they stopped. Await [`terminated`](Self::terminated)
     /// for that.
     ///
-    /// Every job queued when the call begins is returned, in submission
-    /// order, and none of them starts; the queue is drained a chunk at a
+    /// Every job queued when the call begins is returned, and none of them
+    /// starts. They come lane by lane: first the jobs without a key or a
+    /// limiter, then the jobs of each key (and of each set of limiters)
+    /// together, each lane's in submission order — so a pool whose jobs
+    /// have no keys or limiters returns them in submission order. The
+    /// queue is drained a chunk at a
     /// time, so other callers of the pool wait for one chunk, not for the
     /// whole queue. If two calls race, each returns the jobs it drained; a
     /// later call returns an empty list.

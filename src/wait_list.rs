@@ -1,5 +1,7 @@
 //! Leaf module: a list of async waiters woken together, each inside
-//! `catch_unwind`.
+//! `catch_unwind`; and one task's waker kept the same way ([`WakerCell`]),
+//! with a [`Relay`] that stands in for it where a lock we do not control
+//! would clone or wake it.
 //!
 //! `tokio::sync::Notify::notify_waiters` stops waking the rest of its batch
 //! when one waker panics, so one hostile waker could leave every other
@@ -97,6 +99,94 @@ impl Drop for Registration<'_> {
     }
 }
 
+/// One task's waker, where wake-ups from other threads reach it. Nothing
+/// foreign runs under its lock: the waker is cloned before locking, the one
+/// it replaces is dropped after unlocking, and a wake-up takes it out and
+/// wakes it after unlocking, a panic caught (ARCHITECTURE.md invariants 5
+/// and 9). A wake-up takes the waker: the task registers again at its next
+/// poll, *before* it looks for what it waits for.
+#[derive(Default)]
+pub(crate) struct WakerCell {
+    waker: Mutex<Option<Waker>>,
+}
+
+impl WakerCell {
+    /// Registers `waker`, replacing the one before.
+    pub(crate) fn set(&self, waker: &Waker) {
+        if lock(&self.waker)
+            .as_ref()
+            .is_some_and(|w| w.will_wake(waker))
+        {
+            return;
+        }
+        let new = waker.clone();
+        let old = lock(&self.waker).replace(new);
+        drop_quietly(old);
+    }
+
+    /// Wakes the registered waker, if any.
+    pub(crate) fn wake(&self) {
+        let taken = lock(&self.waker).take();
+        if let Some(waker) = taken {
+            wake_quietly(waker);
+        }
+    }
+}
+
+/// A waker of ours that forwards to the task's ([`WakerCell`]): handed to
+/// a future that clones or wakes its waker under a lock of its own (tokio's
+/// `Notify` clones it under the lock that `notify_one` takes, and stops
+/// waking the rest of a `notify_waiters` batch when one waker panics), so
+/// that no foreign waker runs there. Cloning it is a reference count;
+/// waking it never panics.
+#[derive(Default)]
+pub(crate) struct Relay {
+    to: WakerCell,
+}
+
+impl std::task::Wake for Relay {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.to.wake();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.to.wake();
+    }
+}
+
+/// Polls `fut` with a [`Relay`]'s waker, registering the caller's waker in
+/// the relay first.
+pub(crate) struct Relayed<'a, F> {
+    fut: std::pin::Pin<&'a mut F>,
+    relay: std::sync::Arc<Relay>,
+    waker: Waker,
+}
+
+impl<'a, F: std::future::Future> Relayed<'a, F> {
+    pub(crate) fn new(fut: std::pin::Pin<&'a mut F>, relay: &std::sync::Arc<Relay>) -> Self {
+        Relayed {
+            fut,
+            relay: relay.clone(),
+            waker: Waker::from(relay.clone()),
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Relayed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.relay.to.set(cx.waker());
+        let this = &mut *self;
+        this.fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&this.waker))
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -142,5 +232,29 @@ mod tests {
         let woken = |n: &Arc<Count>| n.0.load(Ordering::SeqCst);
         assert_eq!((woken(&a), woken(&b), woken(&c)), (1, 1, 0));
         drop((ra, rb, wc));
+    }
+
+    /// A cell wakes the waker registered last, once: the wake-up takes it,
+    /// and the task registers again at its next poll. A relay's waker
+    /// forwards to the cell.
+    #[test]
+    fn a_cell_wakes_its_last_waker_once() {
+        let cell = WakerCell::default();
+        cell.wake();
+        let (a, wa) = counting();
+        let (b, wb) = counting();
+        cell.set(&wa);
+        cell.set(&wb);
+        assert_eq!(Arc::strong_count(&a), 2, "the replaced waker let go");
+        cell.wake();
+        cell.wake();
+        let woken = |n: &Arc<Count>| n.0.load(Ordering::SeqCst);
+        assert_eq!((woken(&a), woken(&b)), (0, 1));
+        let relay = Arc::new(Relay::default());
+        relay.to.set(&wa);
+        Waker::from(relay.clone()).wake_by_ref();
+        Waker::from(relay).wake();
+        assert_eq!(woken(&a), 1);
+        drop((wa, wb));
     }
 }

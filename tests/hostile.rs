@@ -320,3 +320,196 @@ async fn failed_spawns_do_not_widen_the_queue() {
     occupied.release().await;
     within("the waiting job", waiting).await.unwrap();
 }
+
+/// A waker whose first clone calls a hook (foreign code run where the waker
+/// is cloned); waking it does nothing.
+struct CloneHook(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+static CLONE_HOOK: std::task::RawWakerVTable =
+    std::task::RawWakerVTable::new(hook_clone, hook_drop, |_| {}, hook_drop);
+
+/// # Safety
+/// `p` is a pointer of `Arc::into_raw` of a `CloneHook`, whose reference the
+/// waker being cloned holds.
+unsafe fn hook_clone(p: *const ()) -> std::task::RawWaker {
+    // SAFETY: see the function's contract; the clone gets a reference of its own.
+    let hook = unsafe {
+        Arc::increment_strong_count(p.cast::<CloneHook>());
+        &*p.cast::<CloneHook>()
+    };
+    let f = hook.0.lock().unwrap().take();
+    if let Some(f) = f {
+        f();
+    }
+    std::task::RawWaker::new(p, &CLONE_HOOK)
+}
+
+/// # Safety
+/// As `hook_clone`; the waker dropped (or woken by value) gives up its reference.
+unsafe fn hook_drop(p: *const ()) {
+    // SAFETY: see the function's contract.
+    drop(unsafe { Arc::from_raw(p.cast::<CloneHook>()) });
+}
+
+fn clone_hook(f: impl FnOnce() + Send + 'static) -> Waker {
+    let hook = Arc::new(CloneHook(Mutex::new(Some(Box::new(f)))));
+    let raw = std::task::RawWaker::new(Arc::into_raw(hook).cast(), &CLONE_HOOK);
+    // SAFETY: the vtable's functions keep the contract of `RawWaker` for an
+    // `Arc<CloneHook>` data pointer (each waker holds one reference).
+    unsafe { Waker::from_raw(raw) }
+}
+
+/// Finding (2026-12-05) 1: a caller waiting for room registered its waker
+/// in tokio's `Notify`, which clones it under the lock that `notify_one`
+/// takes; a waker whose clone cancelled another job (freeing room, so
+/// waking a room waiter) deadlocked on that lock. The `Notify` now holds a
+/// waker of the pool's, and the caller's is cloned outside every lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_waiter_s_waker_may_call_into_the_pool_when_cloned() {
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    let occupied = occupy(&pool, 1).await;
+    let queued = Arc::new(pool.offload(|_| 1).spawn().unwrap());
+    let mut submit = Box::pin(pool.offload(|_| 3).submit());
+    let q = queued.clone();
+    let polled = within_blocking("a room waiter polled with a re-entrant waker", move || {
+        assert!(submit
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        let reentrant = clone_hook(move || assert!(q.cancel(), "the queued job was queued"));
+        match submit.as_mut().poll(&mut Context::from_waker(&reentrant)) {
+            std::task::Poll::Ready(r) => r.ok(),
+            std::task::Poll::Pending => None,
+        }
+    });
+    let handle = polled.expect("the cancel freed room: the submit was accepted");
+    occupied.release().await;
+    assert_eq!(within("the submitted job", handle).await.unwrap(), 3);
+    assert_eq!(queued.state(), JobState::Cancelled);
+}
+
+/// Finding (2026-12-05) 2: a panicking waker among the callers waiting for
+/// room made tokio's `notify_waiters` drop the rest of its batch unwoken:
+/// at shutdown, the honest waiters never learned they were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_room_waiter_does_not_strand_the_others_at_shutdown() {
+    quiet_deliberate_panics();
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .queue_capacity(1)
+        .build()
+        .unwrap();
+    let occupied = occupy(&pool, 1).await;
+    let _queued = pool.offload(|_| ()).spawn().unwrap();
+    let panics = Waker::from(Arc::new(Panics));
+    let mut waiters: Vec<_> = (0..5)
+        .map(|_| Box::pin(pool.offload(|_| ()).submit()))
+        .collect();
+    let flags: Vec<_> = (0..5).map(|_| Arc::new(Flag::default())).collect();
+    for (i, w) in waiters.iter_mut().enumerate() {
+        // The first and the last waiter's wakers panic.
+        let waker = if i % 4 == 0 {
+            panics.clone()
+        } else {
+            Waker::from(flags[i].clone())
+        };
+        assert!(w
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+    }
+    pool.shutdown();
+    for i in [1, 2, 3] {
+        assert!(flags[i].0.load(Ordering::SeqCst), "waiter {i} was woken");
+    }
+    for w in waiters {
+        let e = within("a refused waiter", w).await.unwrap_err();
+        assert!(matches!(e.reason(), Rejected::ShuttingDown), "{e:?}");
+    }
+    occupied.release().await;
+}
+
+/// Finding (2026-12-05) 3: a batch call kept its task's waker under a lock
+/// that a job's wake-up takes: a waker whose clone, or whose drop when
+/// replaced, stopped the batch's group (waking its jobs' futures) took that
+/// lock again and deadlocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_s_waker_may_stop_its_group_when_cloned_or_dropped() {
+    for on_clone in [true, false] {
+        let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+        let occupied = occupy(&pool, 1).await;
+        let group = pool.group();
+        let g = group.clone();
+        let mut batch = Box::pin(std::future::IntoFuture::into_future(
+            group.invoke_all((0..4).map(|i| move |_: &_| i)),
+        ));
+        let done = within_blocking("a batch polled with a re-entrant waker", move || {
+            let stop = move || {
+                g.stop();
+            };
+            let (first, second) = if on_clone {
+                (Waker::noop().clone(), clone_hook(stop))
+            } else {
+                let dropped = Waker::from(Arc::new(DropHook(Mutex::new(Some(Box::new(stop))))));
+                (dropped, Waker::noop().clone())
+            };
+            assert!(batch
+                .as_mut()
+                .poll(&mut Context::from_waker(&first))
+                .is_pending());
+            // The batch now holds the last reference to `first`.
+            drop(first);
+            match batch.as_mut().poll(&mut Context::from_waker(&second)) {
+                std::task::Poll::Ready(out) => Ok(out),
+                std::task::Poll::Pending => Err(batch),
+            }
+        });
+        let out = match done {
+            Ok(out) => out,
+            Err(batch) => within("the stopped batch", batch).await,
+        };
+        assert_eq!(out.len(), 4);
+        assert!(
+            out.iter()
+                .all(|r| r.as_ref().is_err_and(Error::is_cancelled)),
+            "the group was stopped before its jobs ran: {out:?}"
+        );
+        occupied.release().await;
+    }
+}
+
+/// Finding (2026-12-05) 4: `shutdown_now`'s documentation promised the
+/// unstarted jobs in submission order, while the drain goes lane by lane.
+/// The documented order: the jobs without a key first, then each key's
+/// jobs together, each lane's in submission order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_reports_lane_by_lane_each_in_submission_order() {
+    let pool = Offloader::builder().max_in_flight(1).build().unwrap();
+    let occupied = occupy(&pool, 1).await;
+    let keys = [None, Some("a"), Some("b"), None, Some("a"), Some("b"), None];
+    let handles: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let o = pool.offload(|_| ());
+            match key {
+                Some(k) => o.key(*k).spawn().unwrap(),
+                None => o.spawn().unwrap(),
+            }
+        })
+        .collect();
+    let ids: Vec<_> = handles.iter().map(|h| h.id()).collect();
+    let reported: Vec<_> = pool.shutdown_now().iter().map(|j| j.id).collect();
+    let unkeyed = [ids[0], ids[3], ids[6]];
+    let (a, b) = (vec![ids[1], ids[4]], vec![ids[2], ids[5]]);
+    assert_eq!(reported[..3], unkeyed[..], "{reported:?}");
+    let rest = &reported[3..];
+    assert!(
+        rest == [a.clone(), b.clone()].concat() || rest == [b, a].concat(),
+        "{reported:?} vs {ids:?}"
+    );
+    occupied.release().await;
+}

@@ -253,8 +253,10 @@ mod tests {
         let relay = Arc::new(Relay::default());
         relay.to.set(&wa);
         Waker::from(relay.clone()).wake_by_ref();
-        Waker::from(relay).wake();
         assert_eq!(woken(&a), 1);
+        relay.to.set(&wa);
+        Waker::from(relay).wake();
+        assert_eq!(woken(&a), 2);
         drop((wa, wb));
     }
 }

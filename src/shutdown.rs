@@ -88,10 +88,9 @@ impl Offloader {
     /// limiter, then the jobs of each key (and of each set of limiters)
     /// together, each lane's in submission order — so a pool whose jobs
     /// have no keys or limiters returns them in submission order. The
-    /// queue is drained a chunk at a
-    /// time, so other callers of the pool wait for one chunk, not for the
-    /// whole queue. If two calls race, each returns the jobs it drained; a
-    /// later call returns an empty list.
+    /// queue is drained a chunk at a time, so other callers of the pool
+    /// wait for one chunk, not for the whole queue. If two calls race, each
+    /// returns the jobs it drained; a later call returns an empty list.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -13,7 +13,9 @@ use std::task::{Context, Wake, Waker};
 use std::time::Instant;
 
 use offloader::{Error, JobState, Offloader, Rejected};
-use support::{gate, occupy, quiet_deliberate_panics, recv, signal, within, within_blocking, HANG};
+use support::{
+    gate, occupy, pool, quiet_deliberate_panics, recv, signal, within, within_blocking, HANG,
+};
 
 /// A waker whose last reference, when dropped, calls `on_drop`.
 struct DropHook(Mutex<Option<Box<dyn FnOnce() + Send>>>);
@@ -366,11 +368,7 @@ fn clone_hook(f: impl FnOnce() + Send + 'static) -> Waker {
 /// waker of the pool's, and the caller's is cloned outside every lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_room_waiter_s_waker_may_call_into_the_pool_when_cloned() {
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .unwrap();
+    let pool = pool(1, 1);
     let occupied = occupy(&pool, 1).await;
     let queued = Arc::new(pool.offload(|_| 1).spawn().unwrap());
     let mut submit = Box::pin(pool.offload(|_| 3).submit());
@@ -398,11 +396,7 @@ async fn a_room_waiter_s_waker_may_call_into_the_pool_when_cloned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_room_waiter_does_not_strand_the_others_at_shutdown() {
     quiet_deliberate_panics();
-    let pool = Offloader::builder()
-        .max_in_flight(1)
-        .queue_capacity(1)
-        .build()
-        .unwrap();
+    let pool = pool(1, 1);
     let occupied = occupy(&pool, 1).await;
     let _queued = pool.offload(|_| ()).spawn().unwrap();
     let panics = Waker::from(Arc::new(Panics));

@@ -222,22 +222,33 @@ impl LimState {
     }
 }
 
+/// A pool for unit tests of limiters and lanes: told nothing, it only
+/// stays alive (a limiter skips pools that are gone).
+#[cfg(all(test, not(loom)))]
+pub(crate) struct TestPool;
+
+#[cfg(all(test, not(loom)))]
+impl Watcher for TestPool {
+    fn limiter_freed(&self, _: &Limiter) {}
+    fn hold_clock_again(&self) {}
+}
+
+#[cfg(all(test, not(loom)))]
+impl TestPool {
+    /// How a limiter sees `pool`.
+    pub(crate) fn weak(pool: &std::sync::Arc<TestPool>) -> Weak<dyn Watcher> {
+        std::sync::Arc::downgrade(pool) as Weak<dyn Watcher>
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
 
-    struct Pool;
-
-    impl Watcher for Pool {
-        fn limiter_freed(&self, _: &Limiter) {}
-        fn hold_clock_again(&self) {}
-    }
-
-    fn pool_ref(pool: &Arc<Pool>) -> PoolRef {
-        let weak: Weak<dyn Watcher> = Arc::downgrade(pool) as Weak<dyn Watcher>;
-        PoolRef::new(weak)
+    fn pool_ref(pool: &Arc<TestPool>) -> PoolRef {
+        PoolRef::new(TestPool::weak(pool))
     }
 
     /// M3 after a decrease: grants beyond the free permits are revoked,
@@ -248,7 +259,7 @@ mod tests {
     /// grant up (`+=`) or not at all (`/=`) in the pool's entry.
     #[test]
     fn a_decrease_revokes_the_last_grants_and_no_more() {
-        let (a, b) = (Arc::new(Pool), Arc::new(Pool));
+        let (a, b) = (Arc::new(TestPool), Arc::new(TestPool));
         let (pa, pb) = (pool_ref(&a), pool_ref(&b));
         let mut s = LimState::new(0);
         s.watch(&pa);
@@ -278,7 +289,7 @@ mod tests {
     /// that leaves room for the grants revokes none.
     #[test]
     fn a_decrease_counts_the_permits_in_use() {
-        let a = Arc::new(Pool);
+        let a = Arc::new(TestPool);
         let pa = pool_ref(&a);
         let mut s = LimState::new(0);
         s.watch(&pa);

@@ -52,6 +52,8 @@ use crate::sync::{Arc, Mutex, MutexGuard};
 
 mod grants;
 use grants::LimState;
+#[cfg(all(test, not(loom)))]
+pub(crate) use grants::TestPool;
 pub(crate) use grants::{PoolRef, Wake, Watcher};
 
 /// A count of permits shared by any offloads of any pools: a resource's

@@ -4,7 +4,7 @@
 //! signalled. Found unpinned by mutation testing; each test names the
 //! mutants it kills.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{KEEP_IDLE_LANES, KEEP_LANE_SLOTS};
@@ -12,33 +12,25 @@ use crate::id::JobId;
 use crate::job::{Job, Task};
 use crate::job_core::JobCore;
 use crate::lane::LaneKey;
-use crate::limiter::{Limiter, Watcher};
+use crate::limiter::{Limiter, TestPool};
 use crate::state::{After, KeyLimits, Room, State, Waiters};
 use crate::stop::StopToken;
-
-struct Pool;
-
-impl Watcher for Pool {
-    fn limiter_freed(&self, _: &Limiter) {}
-    fn hold_clock_again(&self) {}
-}
 
 /// A pool's state of `max_in_flight` permits and room for `capacity`
 /// waiting jobs, whose keys run one job at a time; the watcher it gives
 /// limiters is `watcher`.
-fn state(max_in_flight: usize, capacity: usize, watcher: &Arc<Pool>) -> State {
+fn state(max_in_flight: usize, capacity: usize, watcher: &Arc<TestPool>) -> State {
     let limits = KeyLimits {
         per_key: Some(1),
         ..KeyLimits::default()
     };
-    let weak: Weak<dyn Watcher> = Arc::downgrade(watcher) as Weak<dyn Watcher>;
     State::new(
         max_in_flight,
         capacity,
         None,
         limits,
         Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        weak,
+        TestPool::weak(watcher),
     )
 }
 
@@ -66,7 +58,7 @@ fn run_one(s: &mut State, key: usize) {
 /// many (`>=`) as that.
 #[test]
 fn a_pool_keeps_the_lanes_of_its_last_idle_keys() {
-    let watcher = Arc::new(Pool);
+    let watcher = Arc::new(TestPool);
     let mut s = state(2, 16, &watcher);
     for key in 0..KEEP_IDLE_LANES + 4 {
         run_one(&mut s, key);
@@ -117,7 +109,7 @@ fn a_lane_slab_gives_its_memory_back_only_beyond_its_bound() {
     // The bound: room for four times the idle lanes a pool keeps.
     let bound = 4 * KEEP_IDLE_LANES;
     assert_eq!(KEEP_LANE_SLOTS, bound);
-    let watcher = Arc::new(Pool);
+    let watcher = Arc::new(TestPool);
     let mut s = state(1, usize::MAX, &watcher);
     let peak = burst_of_keys(&mut s, bound - 1);
     assert_eq!(peak, bound);
@@ -139,7 +131,7 @@ fn a_lane_slab_gives_its_memory_back_only_beyond_its_bound() {
 /// when they are as many (`>=`).
 #[test]
 fn tombstones_are_unlinked_once_they_outnumber_the_queued_jobs() {
-    let watcher = Arc::new(Pool);
+    let watcher = Arc::new(TestPool);
     let mut s = state(1, usize::MAX, &watcher);
     let key: LaneKey = "k".into();
     let _front = accept(&mut s, Some(key.clone()), Vec::new());
@@ -161,12 +153,18 @@ fn tombstones_are_unlinked_once_they_outnumber_the_queued_jobs() {
     assert_eq!((lane.queued, lane.tombstones), (1, 1));
 }
 
-/// A job of `s` blocked on `limiter`, whose permits are all held.
-fn blocked(s: &mut State, limiter: &Limiter) -> Arc<dyn Task> {
-    let task = accept(s, None, vec![limiter.clone()]);
+/// A pool of two permits and room for one waiting job, whose one queued
+/// job is blocked on a limiter of no permits (so the queue is full), with
+/// a caller waiting for room; its watcher is returned to keep it alive.
+fn blocked_with_a_room_waiter() -> (Arc<TestPool>, Limiter, State) {
+    let watcher = Arc::new(TestPool);
+    let limiter = Limiter::new(0);
+    let mut s = state(2, 1, &watcher);
+    accept(&mut s, None, vec![limiter.clone()]);
     assert!(s.start(0, &mut After::default()).is_none(), "blocked");
     assert_eq!(limiter.stats().pools_waiting, 1);
-    task
+    *s.waiters(Waiters::Room) += 1;
+    (watcher, limiter, s)
 }
 
 /// L5: a lane readied by a limiter's grant adds startable jobs: a caller
@@ -174,11 +172,7 @@ fn blocked(s: &mut State, limiter: &Limiter) -> Arc<dyn Task> {
 /// signals only when a lane's startable jobs shrink (`<`).
 #[test]
 fn a_lane_readied_by_a_grant_signals_room() {
-    let watcher = Arc::new(Pool);
-    let limiter = Limiter::new(0);
-    let mut s = state(2, 1, &watcher);
-    let _job = blocked(&mut s, &limiter);
-    *s.waiters(Waiters::Room) += 1;
+    let (_watcher, limiter, mut s) = blocked_with_a_room_waiter();
     limiter.set_permits(1);
     let mut after = After::default();
     s.limiter_freed(&limiter, &mut after);
@@ -191,11 +185,7 @@ fn a_lane_readied_by_a_grant_signals_room() {
 /// signals when a lane's startable jobs stay as they were (`>=`).
 #[test]
 fn a_job_joining_a_blocked_lane_signals_no_room() {
-    let watcher = Arc::new(Pool);
-    let limiter = Limiter::new(0);
-    let mut s = state(2, 1, &watcher);
-    let _job = blocked(&mut s, &limiter);
-    *s.waiters(Waiters::Room) += 1;
+    let (_watcher, limiter, mut s) = blocked_with_a_room_waiter();
     let mut after = After::default();
     s.accept(job(None, vec![limiter.clone()]), &mut after);
     assert_eq!(after.room, Room::None);

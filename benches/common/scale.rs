@@ -35,11 +35,12 @@
 //!   jobs is too long for the processor to look ahead to the next job: its
 //!   cost at 1 M minus its cost at 1 k is one cold line paid in full.
 //! - `floor_fresh_report`, a third reference: `n` values the size of an
-//!   `UnstartedJob` (64 bytes on 64-bit targets) pushed into a vector allocated for `n` up
-//!   front, as `shutdown_now` builds its report. At 1 M that is 64 MB of
-//!   memory the process never touched (page faults, pages zeroed by the
-//!   kernel); at 1 k, heap memory used before. `shutdown_now` at 1 M less
-//!   this reference at 1 M is the cost of its own work.
+//!   `UnstartedJob` (64 bytes on 64-bit targets) pushed into a vector
+//!   allocated for `n` up front, as `shutdown_now` builds its report. At
+//!   1 M that is 64 MB of memory the process never touched (page faults,
+//!   pages zeroed by the kernel); at 1 k, heap memory used before.
+//!   `shutdown_now` at 1 M less this reference at 1 M is the cost of its
+//!   own work.
 //!
 //! Included with `#[path]`; not every target uses every item.
 #![allow(dead_code)]

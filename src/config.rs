@@ -62,6 +62,9 @@ pub(crate) struct Config {
     /// The process-wide pool, which ignores shutdown requests.
     pub(crate) global: bool,
     pub(crate) key_limits: KeyLimits,
+    /// Plain jobs may pass the intake (intake.rs). Off under loom unless a
+    /// model turns it on (the models of the locked path stay as they were).
+    pub(crate) intake: bool,
 }
 
 impl Default for Builder {
@@ -79,12 +82,21 @@ impl Default for Builder {
                 observer_lag: DEFAULT_OBSERVER_LAG,
                 global: false,
                 key_limits: KeyLimits::default(),
+                intake: cfg!(not(loom)),
             },
         }
     }
 }
 
 impl Builder {
+    /// Turns the intake (intake.rs) on or off: for loom models and tests
+    /// of both doors.
+    #[cfg(any(test, loom))]
+    pub(crate) fn intake(mut self, on: bool) -> Self {
+        self.config.intake = on;
+        self
+    }
+
     /// How many functions may run at once (default
     /// [`DEFAULT_MAX_IN_FLIGHT`]). Also the most worker threads the pool
     /// ever has.

@@ -25,6 +25,7 @@ mod error;
 mod metrics;
 mod stop;
 
+mod intake;
 mod job;
 mod job_core;
 mod observer;
@@ -35,6 +36,7 @@ mod state;
 mod config;
 mod delivery;
 mod monitor;
+mod pass_intake;
 mod pool;
 mod waits;
 mod worker;
@@ -58,6 +60,8 @@ mod map;
 
 #[cfg(all(test, loom))]
 mod loom_groups;
+#[cfg(all(test, loom))]
+mod loom_intake;
 #[cfg(all(test, loom))]
 mod loom_limiters;
 #[cfg(all(test, loom))]

@@ -9,7 +9,7 @@
 //! (`docs/ARCHITECTURE.md`) states the invariants this module keeps.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use crate::config::{Builder, Config};
@@ -89,11 +89,14 @@ impl Offloader {
 
     /// A pool for a validated configuration.
     pub(crate) fn from_config(config: Config) -> Offloader {
-        let hint = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = std::sync::Arc::new(crate::intake::QueueCount::new());
         let doorbell = config
             .observer
             .as_ref()
             .map(|_| crossbeam_channel::bounded(1));
+        // No observer, no stuck-job monitor: both are the locked path's.
+        let fast = config.intake && config.observer.is_none() && config.stuck_after.is_none();
+        let intake = fast.then(|| std::sync::Arc::new(crate::intake::Intake::new()));
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
             let watcher: std::sync::Weak<dyn crate::limiter::Watcher> = me.clone();
             let state = State::new(
@@ -101,14 +104,16 @@ impl Offloader {
                 config.queue_capacity,
                 config.observer.as_ref().map(|_| config.observer_lag),
                 config.key_limits.clone(),
-                hint.clone(),
+                count.clone(),
                 watcher,
+                intake.clone(),
             );
             Inner {
                 me: me.clone(),
                 config,
                 state: Mutex::new(state),
-                queue_hint: hint,
+                queue_count: count,
+                intake,
                 changed: Condvar::new(),
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
@@ -209,7 +214,9 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     /// The queue's length, written under the lock, read without it by
     /// spinning workers (a hint; decisions are re-checked under the lock).
-    pub(crate) queue_hint: std::sync::Arc<AtomicUsize>,
+    pub(crate) queue_count: std::sync::Arc<crate::intake::QueueCount>,
+    /// The front door of plain jobs (intake.rs), if this pool has one.
+    pub(crate) intake: Option<std::sync::Arc<crate::intake::Intake>>,
     /// Signalled (after unlocking) when the pool may have become idle or
     /// terminated: blocking waiters and the stuck-job monitor.
     pub(crate) changed: Condvar,
@@ -243,9 +250,15 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// Takes the pool lock.
+    /// Takes the pool lock, and moves the jobs waiting in the intake into
+    /// the queue first (intake.rs): under the lock, the queue is every job
+    /// accepted so far.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
+        let mut s = lock(&self.state);
+        if self.intake.as_ref().is_some_and(|i| !i.is_empty()) {
+            s.drain_intake();
+        }
+        s
     }
 
     /// Carries out the work a transition left for after the lock (S4):
@@ -356,6 +369,10 @@ impl Inner {
     /// With `cancelled`, the job is cancelled in the same critical section
     /// (it follows a token cancelled already): accepted, it never starts.
     fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>, cancelled: bool) -> Result<(), Rejected> {
+        let task = match self.pass_intake(task, cancelled) {
+            Ok(()) => return Ok(()),
+            Err(task) => task,
+        };
         let mut after = After::default();
         let mut s = self.lock();
         // Before admission: events waiting for a delivery thread that
@@ -377,6 +394,7 @@ impl Inner {
             Ok(()) => None,
             Err(e) if !s.has_workers() => {
                 s.count_spawn_refusal();
+                s.unreserve();
                 drop(s);
                 tracing::warn!(error = %e, "could not spawn a worker thread and none is running; job refused");
                 return Err(Rejected::ThreadSpawn(e));
@@ -384,7 +402,7 @@ impl Inner {
             Err(e) => Some(e),
         };
         let monitor_error = self.ensure_monitor(&mut s);
-        s.accept(task.clone(), &mut after);
+        s.accept_admitted(task.clone(), &mut after);
         let cancelled = cancelled && s.cancel_queued(task.core(), &mut after);
         drop(s);
         if let Some(e) = monitor_error {

@@ -31,7 +31,6 @@
 //!    after the list it returns was taken.
 
 use std::future::poll_fn;
-use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -124,7 +123,7 @@ impl Offloader {
         // discarded while its jobs are still in cache: a queue of a million
         // jobs is walked once, and the lock is let go between chunks.
         // ORDERING: a size hint for the report; the drain is under the lock.
-        let mut unstarted = Vec::with_capacity(inner.queue_hint.load(Ordering::Relaxed));
+        let mut unstarted = Vec::with_capacity(inner.queue_count.now());
         let mut chunk = Vec::with_capacity(DRAIN_CHUNK);
         let mut done = 0;
         // Group keys of the jobs published since the last lock.

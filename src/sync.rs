@@ -6,14 +6,14 @@
 //! they do not blow up the models' state space.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
@@ -24,6 +24,29 @@ pub(crate) use std::thread;
 /// (unsized coercion and arbitrary self types are unstable). Reference
 /// counts are not what the models check; the states behind them are.
 pub(crate) use std::sync::Arc;
+
+/// Aligns its value to a cache line pair (128 bytes: x86-64's prefetcher
+/// pulls lines in pairs; one of aarch64's larger lines), so that a value
+/// written by some threads does not slow down the readers of its
+/// neighbours.
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// One round of a short spin: a CPU hint; under loom, a yield (loom's
+/// scheduler cannot preempt a spin).
+pub(crate) fn spin_hint() {
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}
 
 /// Parks the current thread for at most `timeout`.
 #[cfg(not(loom))]

@@ -62,14 +62,14 @@ pub(crate) struct Waiting<'a> {
 
 impl<'a> Waiting<'a> {
     pub(crate) fn new(inner: &'a Inner, which: Waiters) -> Self {
-        *inner.lock().waiters(which) += 1;
+        inner.lock().count_waiter(which, true);
         Waiting { inner, which }
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        *self.inner.lock().waiters(self.which) -= 1;
+        self.inner.lock().count_waiter(self.which, false);
     }
 }
 
@@ -88,11 +88,11 @@ mod tests {
         for which in [Waiters::Room, Waiters::Settle] {
             let a = Waiting::new(inner, which);
             let b = Waiting::new(inner, which);
-            assert_eq!(*inner.lock().waiters(which), 2);
+            assert_eq!(inner.lock().waiters(which), 2);
             drop(a);
-            assert_eq!(*inner.lock().waiters(which), 1);
+            assert_eq!(inner.lock().waiters(which), 1);
             drop(b);
-            assert_eq!(*inner.lock().waiters(which), 0);
+            assert_eq!(inner.lock().waiters(which), 0);
         }
     }
 }

@@ -177,6 +177,10 @@ impl Inner {
             if let Some(task) = s.start(crate::id::now_ns(), &mut after) {
                 if searching {
                     s.end_search();
+                    // Jobs that passed the intake meanwhile are seen by
+                    // this worker or find it not searching (intake.rs
+                    // inv. 2), so the baton passes for them too.
+                    s.look_at_intake();
                 }
                 let worker = s.wake_another();
                 let spawned = self.provide_worker(&mut s, worker, &mut after);
@@ -223,6 +227,15 @@ impl Inner {
             let mut parked_at = Instant::now();
             let mut period = self.config.keep_alive;
             let key = s.park(me, thread::current());
+            // intake.rs inv. 2: a job that passed the intake meanwhile
+            // either is seen here or finds this worker parked and claims it.
+            if s.intake_has_jobs() {
+                s.unpark_self(key);
+                s.begin_search();
+                searching = true;
+                s.look_at_intake();
+                continue;
+            }
             drop(s);
             self.after(std::mem::take(&mut after));
             loop {
@@ -234,7 +247,12 @@ impl Inner {
                     spun = false;
                     break;
                 }
-                if parked_at.elapsed() >= period && s.must_keep_worker() {
+                if parked_at.elapsed() >= period {
+                    if s.may_retire() {
+                        s.unpark_self(key);
+                        self.retire(s, slot, after);
+                        return None;
+                    }
                     // Still parked, for another period: one of at least
                     // `KEPT_PARK` (a short keep-alive would make it poll
                     // the lock; whatever lets it go claims it anyway).
@@ -242,11 +260,6 @@ impl Inner {
                     period = self.config.keep_alive.max(KEPT_PARK);
                     drop(s);
                     continue;
-                }
-                if parked_at.elapsed() >= period {
-                    s.unpark_self(key);
-                    self.retire(s, slot, after);
-                    return None;
                 }
                 // Spurious wake-up: still parked, park again.
                 drop(s);
@@ -300,7 +313,8 @@ impl Inner {
     fn spin(&self) {
         let began = Instant::now();
         let mut round = 0u32;
-        while self.queue_hint.load(StdOrdering::Acquire) == 0 {
+        let mut patience = 0;
+        while !self.job_waits(&mut patience) {
             round += 1;
             if round < 64 {
                 std::hint::spin_loop();
@@ -310,6 +324,27 @@ impl Inner {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Whether a job waits for a worker, as far as a spinner can tell
+    /// without the lock: queued, or in the intake. A place reserved at the
+    /// intake counts once its job is appended, a few instructions later
+    /// (`patience` rounds are given for it): a spinner that took the lock
+    /// before would find nothing and park.
+    fn job_waits(&self, patience: &mut u32) -> bool {
+        // ORDERING: a hint; the worker looks again under the lock.
+        if self.queue_count.now() == 0 {
+            return false;
+        }
+        let Some(intake) = &self.intake else {
+            return true;
+        };
+        if !intake.is_empty() {
+            return true;
+        }
+        // Queued under the lock, or reserved at the intake.
+        *patience += 1;
+        *patience > 32
     }
 
     /// Spawns the worker `id` counted by `Worker::Spawn`, under the lock;

@@ -48,7 +48,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, Mutex, MutexGuard, Padded};
 
 mod grants;
 use grants::LimState;
@@ -97,11 +97,6 @@ pub(crate) struct Shared {
     /// clone the limiter.
     state: Padded<Mutex<LimState>>,
 }
-
-/// Aligns its value to a cache line (128 bytes: two lines on x86-64, whose
-/// prefetcher pulls lines in pairs; one on aarch64's larger lines).
-#[repr(align(128))]
-struct Padded<T>(T);
 
 /// A snapshot of a [`Limiter`]'s counts, from [`Limiter::stats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

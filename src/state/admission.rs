@@ -2,8 +2,6 @@
 //! transition that appends it (invariant 8 of `docs/ARCHITECTURE.md`: the
 //! queue bound counts only jobs waiting for a permit).
 
-use std::sync::atomic::Ordering;
-
 use super::{After, State};
 use crate::error::Rejected;
 use crate::job::Task;
@@ -24,19 +22,43 @@ impl State {
             return Err(Rejected::ShuttingDown);
         }
         self.group_admits(core)?;
-        if self.waiting_for_permit() >= self.queue_capacity
-            && !self.would_start_at_once(core, self.free_permits())
-        {
-            return Err(Rejected::Full {
-                capacity: self.queue_capacity,
-            });
-        }
+        self.reserve(core)?;
         if self.observe && self.events.lag() >= self.observer_lag {
+            self.unreserve();
             return Err(Rejected::ObserverBehind {
                 lag: self.events.lag(),
             });
         }
         Ok(())
+    }
+
+    /// Reserves the job's place in the queue bound, by the same
+    /// word as a submitter at the intake (intake.rs inv. 1):
+    /// refused if as many jobs as the bound already wait for a permit,
+    /// counting those in the intake and reserved there, unless the job
+    /// would start at once.
+    fn reserve(&mut self, core: &JobCore) -> Result<(), Rejected> {
+        // Queued jobs that a free permit would start now are not waiting
+        // (the intake's are not counted here: they may only wait).
+        let free = self.free_permits();
+        let starting = free.min(self.startable_queued);
+        loop {
+            let (counted, seen) = self.count.exact(self.left);
+            // Jobs in the intake or reserved there come first: they take
+            // free permits before this job.
+            let ahead = counted.saturating_sub(self.queued);
+            if counted.saturating_sub(starting) >= self.queue_capacity
+                && !self.would_start_at_once(core, free.saturating_sub(ahead))
+            {
+                return Err(Rejected::Full {
+                    capacity: self.queue_capacity,
+                });
+            }
+            if self.count.reserve_exact(seen) {
+                self.reserved += 1;
+                return Ok(());
+            }
+        }
     }
 
     /// How far the observer lags, if that (and not a full queue) is what
@@ -64,7 +86,14 @@ impl State {
             .saturating_sub(self.free_permits().min(self.startable_queued))
     }
 
-    /// Transition *accept*: appends `task` to the queue and counts it.
+    /// Transition *accept* of a job admitted in this critical section.
+    pub(crate) fn accept_admitted(&mut self, task: Arc<dyn Task>, after: &mut After) {
+        self.reserved -= 1;
+        self.accept(task, after);
+    }
+
+    /// Transition *accept*: appends `task` to the queue and counts it. Its
+    /// place in the queue bound was reserved (`admit`, or at the intake).
     pub(crate) fn accept(&mut self, task: Arc<dyn Task>, after: &mut After) {
         self.counts.accepted += 1;
         self.event(task.core(), EventKind::Accepted, after);
@@ -73,7 +102,6 @@ impl State {
         self.group_join(task.core(), key);
         self.lane_push(task.core(), key, after);
         self.queued += 1;
-        self.hint.store(self.queued, Ordering::Release);
         // Several slots may have freed in one critical section (a limiter's
         // new permits readying several lanes, L5) with one waiter woken for
         // them: while room is left, each admission wakes the next waiter.

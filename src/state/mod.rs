@@ -87,7 +87,6 @@
 //!   milliseconds; a million cancels take what a million O(1) steps take),
 //!   and the lane slab's compaction once the last keyed lane is gone.
 
-use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use crate::job::Task;
@@ -97,6 +96,7 @@ use crate::slab::{List, Slab};
 mod admission;
 mod events;
 mod groups;
+mod intake;
 pub(crate) use groups::StoppedJobs;
 mod lanes;
 pub(crate) use lanes::KeyLimits;
@@ -306,9 +306,18 @@ pub(crate) struct State {
     joining: usize,
     events: EventQueue,
     counts: Counts,
-    /// The queue's length for spinning workers, which read it without the
-    /// lock (a hint: decisions are re-checked under the lock).
-    hint: std::sync::Arc<AtomicUsize>,
+    /// The jobs queued, in the intake, or with a place reserved in the
+    /// queue bound (intake.rs inv. 1); read by spinning workers.
+    count: std::sync::Arc<crate::intake::QueueCount>,
+    /// Jobs that left the queue, ever (wrapping): `count`'s other half.
+    left: usize,
+    /// The pool's intake (intake.rs); used only if `fast`.
+    intake: std::sync::Arc<crate::intake::Intake>,
+    /// Plain jobs may pass the intake: no observer, no stuck-job monitor.
+    fast: bool,
+    /// Places reserved in `admit` whose jobs are not yet accepted (within
+    /// one critical section).
+    reserved: usize,
 }
 
 impl State {
@@ -317,8 +326,9 @@ impl State {
         queue_capacity: usize,
         observer_lag: Option<usize>,
         key_limits: KeyLimits,
-        hint: std::sync::Arc<AtomicUsize>,
+        count: std::sync::Arc<crate::intake::QueueCount>,
         watcher: std::sync::Weak<dyn crate::limiter::Watcher>,
+        intake: Option<std::sync::Arc<crate::intake::Intake>>,
     ) -> Self {
         let mut lanes = Slab::default();
         let default = lanes.insert(lanes::Lane::new(None, usize::MAX));
@@ -365,7 +375,11 @@ impl State {
             joining: 0,
             events: EventQueue::default(),
             counts: Counts::default(),
-            hint,
+            count,
+            left: 0,
+            fast: intake.is_some(),
+            reserved: 0,
+            intake: intake.unwrap_or_else(|| std::sync::Arc::new(crate::intake::Intake::new())),
         }
     }
 
@@ -377,6 +391,8 @@ impl State {
             return false;
         }
         self.shutdown = true;
+        // Nothing passes the intake from now on (intake.rs inv. 1).
+        self.refresh_intake();
         self.claim_all_parked(after);
         after.room = Room::All;
         self.settle_check(after);
@@ -384,13 +400,6 @@ impl State {
     }
 
     // ----- waiters and queries -------------------------------------------
-
-    pub(crate) fn waiters(&mut self, which: Waiters) -> &mut usize {
-        match which {
-            Waiters::Room => &mut self.room_waiters,
-            Waiters::Settle => &mut self.settle_waiters,
-        }
-    }
 
     /// A running function (of the job `waiter`, this pool's slab key, if
     /// known) starts waiting for the queued job `waited` of this pool.

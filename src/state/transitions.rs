@@ -3,7 +3,6 @@
 //! the settling of outcomes published outside the lock (invariants S1–S5 of
 //! the module docs). *Accept* is in `admission.rs`.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{After, State};
@@ -32,7 +31,7 @@ impl State {
         debug_assert!(moved, "S2");
         let core = task.core();
         self.queued -= 1;
-        self.hint.store(self.queued, Ordering::Release);
+        self.left_queue(1);
         self.group_moved(core, QUEUED, RUNNING);
         // No room frees: the job moves from waiting to running, and the
         // bound is on jobs beyond the free permits.
@@ -88,7 +87,7 @@ impl State {
         self.queued -= 1;
         self.tombstones += 1;
         self.lane_cancelled(core, after);
-        self.hint.store(self.queued, Ordering::Release);
+        self.left_queue(1);
         self.counts.cancelled += 1;
         self.unpublished += 1;
         self.group_moved(core, QUEUED, CANCELLED);
@@ -122,6 +121,7 @@ impl State {
             }
         }
         let mut left = max;
+        let before = self.queued;
         while left > 0 {
             let Some(&lane) = self.drain_lanes.last() else {
                 break;
@@ -158,7 +158,7 @@ impl State {
             self.event(task.core(), EventKind::NeverStarted, after);
             into.push(task);
         }
-        self.hint.store(self.queued, Ordering::Release);
+        self.left_queue(before - self.queued);
         if !self.drain_lanes.is_empty() {
             return None;
         }

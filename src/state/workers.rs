@@ -13,6 +13,12 @@ impl State {
     /// Makes sure some worker will look at the queue: a searching one, a
     /// claimed parked one, or a new one (ARCHITECTURE.md "Waking workers").
     pub(crate) fn find_worker(&mut self) -> Worker {
+        let worker = self.find_worker_counted();
+        self.publish_workers();
+        worker
+    }
+
+    fn find_worker_counted(&mut self) -> Worker {
         if self.searching > 0 {
             return Worker::Searching;
         }
@@ -70,6 +76,7 @@ impl State {
                 after.unpark.push(p.thread);
             }
         }
+        self.publish_workers();
     }
 
     /// A worker counted by [`Worker::Spawn`] could not be spawned.
@@ -78,11 +85,14 @@ impl State {
         self.searching -= 1;
         self.counts.spawn_failures += 1;
         self.spawn_blocked = true;
+        self.publish_workers();
+        self.refresh_intake();
     }
 
     /// A worker counted by [`Worker::Spawn`] was spawned.
     pub(crate) fn spawn_succeeded(&mut self) {
         self.spawn_blocked = false;
+        self.refresh_intake();
     }
 
     /// Counts a job refused because no worker could be spawned for it.
@@ -120,11 +130,13 @@ impl State {
     /// The worker will look at the queue again before it parks.
     pub(crate) fn begin_search(&mut self) {
         self.searching += 1;
+        self.publish_workers();
     }
 
     /// The worker stops searching (it took a job, parks or retires).
     pub(crate) fn end_search(&mut self) {
         self.searching -= 1;
+        self.publish_workers();
     }
 
     pub(crate) fn searching(&self) -> usize {
@@ -135,6 +147,7 @@ impl State {
     pub(crate) fn park(&mut self, id: u64, thread: thread::Thread) -> Key {
         let key = self.parked.insert(Parked { id, thread });
         self.parked.push_back(&mut self.parked_list, key);
+        self.publish_workers();
         key
     }
 
@@ -148,6 +161,7 @@ impl State {
     pub(crate) fn unpark_self(&mut self, key: Key) {
         self.parked.unlink(&mut self.parked_list, key);
         self.parked.remove(key);
+        self.publish_workers();
     }
 
     /// Whether any worker thread is alive.
@@ -161,6 +175,8 @@ impl State {
     /// retired thread is ever left unjoined, however long the pool lives).
     pub(crate) fn retire(&mut self, slot: Key, after: &mut After) -> Vec<thread::JoinHandle<()>> {
         self.workers -= 1;
+        self.publish_workers();
+        self.refresh_intake();
         let earlier = self.thread_exit(slot);
         self.settle_check(after);
         earlier

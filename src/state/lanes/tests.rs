@@ -29,8 +29,9 @@ fn state(max_in_flight: usize, capacity: usize, watcher: &Arc<TestPool>) -> Stat
         capacity,
         None,
         limits,
-        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        Arc::new(crate::intake::QueueCount::new()),
         TestPool::weak(watcher),
+        None,
     )
 }
 
@@ -41,6 +42,9 @@ fn job(key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
 
 fn accept(s: &mut State, key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
     let task = job(key, limiters);
+    // The place `admit` would reserve, whatever the bound.
+    let (_, seen) = s.count.exact(s.left);
+    assert!(s.count.reserve_exact(seen));
     s.accept(task.clone(), &mut After::default());
     task
 }
@@ -163,7 +167,7 @@ fn blocked_with_a_room_waiter() -> (Arc<TestPool>, Limiter, State) {
     accept(&mut s, None, vec![limiter.clone()]);
     assert!(s.start(0, &mut After::default()).is_none(), "blocked");
     assert_eq!(limiter.stats().pools_waiting, 1);
-    *s.waiters(Waiters::Room) += 1;
+    s.count_waiter(Waiters::Room, true);
     (watcher, limiter, s)
 }
 

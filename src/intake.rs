@@ -1,0 +1,392 @@
+//! The intake: the pool's front door for plain jobs, which a submitter
+//! passes without taking the pool lock (ARCHITECTURE.md "The intake").
+//!
+//! A *plain* job has no name, key, limiter, group, timeout or deadline
+//! (`JobCore::extras` is `None`), in a pool without an observer or a
+//! stuck-job monitor. While the intake is *open*, such a job is appended to
+//! a lock-free FIFO instead of the pool's queue, and whoever takes the pool
+//! lock next moves every job waiting there into the queue, in order, before
+//! doing anything else (`Inner::lock`): so the queue under the lock is
+//! always the queue of every job accepted so far, and the lock is taken
+//! once per job by the workers only.
+//!
+//! # Invariants
+//!
+//! 1. **Count and gate.** [`QueueCount`] counts the jobs queued, waiting
+//!    in the intake, or with a place reserved: places reserved (by both
+//!    doors) less jobs that left the queue. A submitter appends a job only
+//!    after reserving its place while the gate is open and the count is
+//!    below `queue_capacity` ([`QueueCount::reserve_at_intake`]: an atomic
+//!    add, then a look at the gate, given back if it is closed or the queue
+//!    full); admission under the lock reserves by compare-exchange on the
+//!    same word, knowing the exact count ([`QueueCount::reserve_exact`]),
+//!    so the bound holds for both doors. The gate is opened and closed only
+//!    under the pool lock; a closer shuts it, then waits, still under the
+//!    lock, until every place reserved at the intake is filled and moved
+//!    into the queue or given back (`State::close_intake`). So after a
+//!    close no job is accepted at the intake until the next open: a
+//!    shutdown closes it, and nothing passes after.
+//! 2. **Workers.** The count of searching workers and of workers that
+//!    could be woken (parked, or not yet spawned) is published in one word
+//!    ([`Intake::set_workers`]) under the pool lock. A submitter that
+//!    appended a job reads it after a `SeqCst` fence and takes the pool
+//!    lock to wake a worker if none searches and one could be woken; a
+//!    worker that stops searching publishes it and looks at the intake
+//!    again (`SeqCst`) before it parks or leaves jobs to others. One of the
+//!    two always sees the other (the classic store-then-load pairing), so
+//!    an appended job always has a worker coming: rule 1 of "Waking
+//!    workers" holds for both doors.
+
+use crate::job::Task;
+use crate::sync::{fence, AtomicBool, AtomicUsize, Ordering, Padded};
+use std::sync::Arc;
+
+/// The count of jobs queued, waiting in the intake, or with a place
+/// reserved (inv. 1), and the gate, in words that each side writes alone:
+/// submitters add to `submitted` (both doors); the holder of the pool lock
+/// stores `left` (jobs that left the queue: started, cancelled, drained),
+/// so a worker's start pays no read-modify-write of a line submitters
+/// write. Both only grow, wrapping; their difference is the count.
+pub(crate) struct QueueCount {
+    /// Places reserved, ever; with the gate and a submitter's last look at
+    /// `left`, on the submitters' cache line.
+    submitted: Padded<Submitted>,
+    /// Jobs that left the queue, ever: stored under the pool lock only.
+    left: Padded<AtomicUsize>,
+}
+
+struct Submitted {
+    reserved: AtomicUsize,
+    closed: AtomicBool,
+    /// A value `left` had (it only grows): a submitter that finds room
+    /// against it need not read `left`, whose line the workers write.
+    left_seen: AtomicUsize,
+}
+
+impl QueueCount {
+    /// A count of zero, the intake closed.
+    pub(crate) fn new() -> Self {
+        QueueCount {
+            submitted: Padded(Submitted {
+                reserved: AtomicUsize::new(0),
+                closed: AtomicBool::new(true),
+                left_seen: AtomicUsize::new(0),
+            }),
+            left: Padded(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The count now (a hint without the pool lock).
+    pub(crate) fn now(&self) -> usize {
+        let left = self.left.load(Ordering::Acquire);
+        self.submitted
+            .reserved
+            .load(Ordering::Acquire)
+            .wrapping_sub(left)
+    }
+
+    /// Under the pool lock: the count, given the exact number of jobs
+    /// that left the queue (`left`, the lock holder's own copy), and the
+    /// `reserved` word it was computed from, for [`reserve_exact`](Self::reserve_exact).
+    pub(crate) fn exact(&self, left: usize) -> (usize, usize) {
+        let reserved = self.submitted.reserved.load(Ordering::SeqCst);
+        (reserved.wrapping_sub(left), reserved)
+    }
+
+    /// Under the pool lock: reserves one place if the word is still
+    /// `seen` (from [`exact`](Self::exact)); `false` if it moved.
+    pub(crate) fn reserve_exact(&self, seen: usize) -> bool {
+        self.submitted
+            .reserved
+            .compare_exchange(
+                seen,
+                seen.wrapping_add(1),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Gives a reserved place back: its job was refused after all.
+    pub(crate) fn unreserve(&self) {
+        self.submitted.reserved.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Under the pool lock: `left` jobs have left the queue, ever.
+    pub(crate) fn set_left(&self, left: usize) {
+        self.left.store(left, Ordering::Release);
+    }
+
+    /// Reserves a place at the intake (inv. 1): `false` if it is closed or
+    /// the count has reached `capacity` (the submitter then goes through
+    /// the pool lock, which applies the exact bound). The add comes before
+    /// the look at the gate, and a closer shuts the gate before it counts
+    /// (`SeqCst` both): a closer that missed this place waits for it.
+    pub(crate) fn reserve_at_intake(&self, capacity: usize) -> bool {
+        let s = &self.submitted;
+        let before = s.reserved.fetch_add(1, Ordering::SeqCst);
+        if s.closed.load(Ordering::SeqCst) {
+            self.unreserve();
+            return false;
+        }
+        // `left` only grows: room against a value it had is room. The
+        // difference never wraps past `capacity` before `left_seen` is
+        // looked at again (the configuration bounds `capacity`).
+        if before.wrapping_sub(s.left_seen.load(Ordering::Relaxed)) < capacity {
+            return true;
+        }
+        let left = self.left.load(Ordering::Acquire);
+        s.left_seen.store(left, Ordering::Relaxed);
+        if before.wrapping_sub(left) < capacity {
+            return true;
+        }
+        self.unreserve();
+        false
+    }
+
+    /// Under the pool lock: opens or closes the gate. A closer then waits
+    /// for the places reserved before (`State::close_intake`).
+    pub(crate) fn set_closed(&self, closed: bool) {
+        self.submitted.closed.store(closed, Ordering::SeqCst);
+    }
+
+    /// Whether the gate is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.submitted.closed.load(Ordering::SeqCst)
+    }
+}
+
+/// The workers' word holds two counts of this many bits each.
+const HALF: u32 = usize::BITS / 2;
+/// The most either count of the workers' word says (more saturate).
+const HALF_MAX: usize = (1 << HALF) - 1;
+
+/// The pool's intake: the jobs appended, and the workers' word.
+pub(crate) struct Intake {
+    jobs: Queue,
+    /// Searching workers (high half) and workers that could be woken (low
+    /// half), each saturated to its half; on a cache line of its own (the
+    /// workers write it, the submitters read it).
+    workers: Padded<AtomicUsize>,
+}
+
+impl Intake {
+    pub(crate) fn new() -> Self {
+        Intake {
+            jobs: Queue::default(),
+            workers: Padded(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Appends `task`, whose place was reserved, then fences (inv. 2); the
+    /// caller then looks at [`needs_worker`](Self::needs_worker).
+    pub(crate) fn push(&self, task: Arc<dyn Task>) {
+        self.jobs.push(task);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether no job waits in the intake (`SeqCst`: inv. 2).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Takes the oldest job appended (under the pool lock).
+    pub(crate) fn pop(&self) -> Option<Arc<dyn Task>> {
+        self.jobs.pop()
+    }
+
+    /// Under the pool lock: publishes the workers' counts (inv. 2).
+    pub(crate) fn set_workers(&self, searching: usize, wakeable: usize) {
+        let word = (searching.min(HALF_MAX) << HALF) | wakeable.min(HALF_MAX);
+        // ORDERING: a worker that stops searching fences (`SeqCst`) after
+        // this store and before it looks at the intake (state/intake.rs
+        // `look_at_intake`, `intake_has_jobs`); a submitter fences after
+        // appending and before its load: the fences pair.
+        self.workers.store(word, Ordering::Release);
+    }
+
+    /// After appending: whether no worker searches and one could be woken,
+    /// so the submitter must wake one (inv. 2).
+    pub(crate) fn needs_worker(&self) -> bool {
+        let word = self.workers.load(Ordering::Acquire);
+        word >> HALF == 0 && word & HALF_MAX > 0
+    }
+}
+
+/// The FIFO itself: crossbeam's lock-free list channel; under loom, whose
+/// models cannot see inside crossbeam, a loom mutex around a `VecDeque`.
+#[cfg(not(loom))]
+struct Queue {
+    tx: crossbeam_channel::Sender<Arc<dyn Task>>,
+    rx: crossbeam_channel::Receiver<Arc<dyn Task>>,
+}
+
+#[cfg(not(loom))]
+impl Default for Queue {
+    fn default() -> Self {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Queue { tx, rx }
+    }
+}
+
+#[cfg(not(loom))]
+impl Queue {
+    fn push(&self, task: Arc<dyn Task>) {
+        // The receiver lives as long as the sender (both are ours).
+        let _ = self.tx.send(task);
+    }
+
+    fn pop(&self) -> Option<Arc<dyn Task>> {
+        self.rx.try_recv().ok()
+    }
+
+    /// `SeqCst` loads of both ends (crossbeam's list channel), after the
+    /// `SeqCst` compare-exchange of a send's tail: inv. 2's pairing.
+    fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
+#[cfg(loom)]
+#[derive(Default)]
+struct Queue(crate::sync::Mutex<std::collections::VecDeque<Arc<dyn Task>>>);
+
+#[cfg(loom)]
+impl Queue {
+    fn push(&self, task: Arc<dyn Task>) {
+        crate::sync::lock(&self.0).push_back(task);
+    }
+
+    fn pop(&self) -> Option<Arc<dyn Task>> {
+        crate::sync::lock(&self.0).pop_front()
+    }
+
+    fn is_empty(&self) -> bool {
+        crate::sync::lock(&self.0).is_empty()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::mpsc;
+
+    use crate::{JobHandle, Offloader};
+
+    fn closed(pool: &Offloader) -> bool {
+        pool.inner().queue_count.is_closed()
+    }
+
+    fn counted(pool: &Offloader) -> usize {
+        pool.inner().queue_count.now()
+    }
+
+    /// A one-permit pool whose permit is held by a function waiting on the
+    /// returned sender; its worker lives, so its intake is open.
+    fn held(intake: bool) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
+        let pool = Offloader::builder()
+            .max_in_flight(1)
+            .queue_capacity(4)
+            .intake(intake)
+            .build()
+            .expect("valid");
+        let (go, wait) = mpsc::channel::<()>();
+        let (started, running) = mpsc::channel::<()>();
+        let blocker = pool
+            .offload(move |_stop| {
+                let _ = started.send(());
+                let _ = wait.recv();
+            })
+            .spawn()
+            .expect("accepted");
+        running.recv().expect("the blocker started");
+        (pool, go, blocker)
+    }
+
+    #[test]
+    fn the_intake_opens_once_a_worker_lives_and_closes_at_shutdown() {
+        let pool = Offloader::builder()
+            .max_in_flight(1)
+            .build()
+            .expect("valid");
+        assert!(closed(&pool), "no worker yet: the first job takes the lock");
+        let first = pool.offload(|_stop| ()).spawn().expect("accepted");
+        assert!(first.blocking_wait().is_ok());
+        assert!(!closed(&pool));
+        pool.shutdown();
+        assert!(closed(&pool));
+        assert_eq!(counted(&pool), 0);
+    }
+
+    #[test]
+    fn a_plain_job_waits_in_the_intake_until_the_next_lock() {
+        let (pool, go, blocker) = held(true);
+        let intake = pool.inner().intake.clone().expect("an intake");
+        let job = pool.offload(|_stop| 7).spawn().expect("accepted");
+        // Nobody took the lock since: the worker runs the blocker.
+        assert!(!intake.is_empty(), "the plain job passed the intake");
+        assert_eq!(counted(&pool), 1, "its place is reserved");
+        let m = pool.metrics();
+        assert!(intake.is_empty(), "the snapshot's lock moved it");
+        assert_eq!((m.accepted, m.queued), (2, 1));
+        assert!(m.ledger_balances());
+        // A named job takes the lock: it is queued behind the plain one.
+        let named = pool
+            .offload(|_stop| 8)
+            .name("named")
+            .spawn()
+            .expect("accepted");
+        assert!(intake.is_empty());
+        assert_eq!(counted(&pool), 2);
+        go.send(()).expect("the blocker waits");
+        assert!(blocker.blocking_wait().is_ok());
+        assert_eq!(job.blocking_wait().ok(), Some(7));
+        assert_eq!(named.blocking_wait().ok(), Some(8));
+        assert_eq!(counted(&pool), 0);
+    }
+
+    #[test]
+    fn a_pool_without_an_intake_takes_the_lock_for_every_job() {
+        let (pool, go, blocker) = held(false);
+        assert!(pool.inner().intake.is_none());
+        let job = pool.offload(|_stop| 7).spawn().expect("accepted");
+        assert_eq!(counted(&pool), 1);
+        go.send(()).expect("the blocker waits");
+        assert!(blocker.blocking_wait().is_ok());
+        assert_eq!(job.blocking_wait().ok(), Some(7));
+    }
+
+    #[test]
+    fn a_caller_waiting_for_room_closes_the_intake_until_it_leaves() {
+        let (pool, go, blocker) = held(true);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let queued: Vec<_> = (0..4)
+            .map(|i| pool.offload(move |_stop| i).spawn().expect("room"))
+            .collect();
+        assert!(!closed(&pool));
+        rt.block_on(async {
+            let mut waiting = Box::pin(pool.offload(|_stop| 9).submit());
+            assert!(futures_poll_once(waiting.as_mut()).await.is_pending());
+            assert!(closed(&pool), "a caller waits for room");
+            drop(waiting);
+        });
+        assert!(!closed(&pool), "it left");
+        go.send(()).expect("the blocker waits");
+        assert!(blocker.blocking_wait().is_ok());
+        for (i, job) in queued.into_iter().enumerate() {
+            assert_eq!(job.blocking_wait().ok(), Some(i));
+        }
+    }
+
+    /// Polls `fut` once.
+    async fn futures_poll_once<F: std::future::Future + ?Sized>(
+        fut: std::pin::Pin<&mut F>,
+    ) -> std::task::Poll<F::Output> {
+        let mut fut = Some(fut);
+        std::future::poll_fn(move |cx| {
+            std::task::Poll::Ready(fut.take().map_or(std::task::Poll::Pending, |f| f.poll(cx)))
+        })
+        .await
+    }
+}

@@ -1,0 +1,83 @@
+//! Loom models of the intake (intake.rs inv. 1–2): a plain job passing it
+//! while a shutdown closes it, and while the only worker goes to park.
+//! Listed in the table of `loom_tests.rs`.
+
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+use crate::loom_tests::Branches;
+use crate::Offloader;
+
+/// A one-permit pool with its intake on, whose worker lives (the intake
+/// opens once one does): its first job went through the lock and ran.
+fn warm_pool() -> Offloader {
+    let pool = match Offloader::builder().max_in_flight(1).intake(true).build() {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    let first = pool.offload(|_| ()).spawn().expect("accepted");
+    assert!(first.blocking_wait().is_ok());
+    pool
+}
+
+/// Inv. 1: a job offered while a shutdown begins is refused (its function
+/// handed back, never run) or accepted and run; never accepted and lost.
+#[test]
+fn intake_vs_shutdown() {
+    // 0: refused; 1: accepted and run.
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = warm_pool();
+        let ran = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.shutdown())
+        };
+        let r = ran.clone();
+        let submitted = pool
+            .offload(move |_| r.store(true, Ordering::SeqCst))
+            .spawn();
+        closer.join().unwrap();
+        match submitted {
+            Ok(job) => {
+                BRANCHES.hit(1);
+                assert!(job.blocking_wait().is_ok());
+                assert!(ran.load(Ordering::SeqCst));
+            }
+            Err(refused) => {
+                BRANCHES.hit(0);
+                assert!(matches!(refused.reason(), crate::Rejected::ShuttingDown));
+                let _func = refused.into_inner();
+                assert!(!ran.load(Ordering::SeqCst));
+            }
+        }
+        assert!(pool.blocking_await_termination(None));
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.accepted, m.completed);
+    });
+    BRANCHES.assert_all(["refused", "accepted and run"]);
+}
+
+/// Inv. 2: a job appended while the only worker stops searching and parks
+/// is seen by the worker, or finds it parked and wakes it; it runs.
+#[test]
+fn intake_vs_parking_worker() {
+    loom::model(|| {
+        let pool = warm_pool();
+        // The worker is on its way from the first job to its park.
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let job = pool
+            .offload(move |_| r.store(true, Ordering::SeqCst))
+            .spawn()
+            .expect("accepted");
+        assert!(job.blocking_wait().is_ok());
+        assert!(ran.load(Ordering::SeqCst));
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.completed, 2);
+        drop(pool);
+    });
+}

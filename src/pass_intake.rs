@@ -1,0 +1,50 @@
+//! The submitter's side of the intake (intake.rs): a plain job accepted
+//! without the pool lock.
+
+use crate::job::Task;
+use crate::pool::Inner;
+use crate::state::After;
+use crate::sync::Arc;
+
+impl Inner {
+    /// Transition *accept* through the intake, without the pool lock, for
+    /// a plain job while the intake is open and the queue has room
+    /// (intake.rs inv. 1); the job is handed back otherwise. A job appended
+    /// wakes a worker if none searches and one can be woken (inv. 2).
+    pub(crate) fn pass_intake(
+        self: &Arc<Self>,
+        task: Arc<dyn Task>,
+        cancelled: bool,
+    ) -> Result<(), Arc<dyn Task>> {
+        let Some(intake) = &self.intake else {
+            return Err(task);
+        };
+        if cancelled || task.core().extras.is_some() {
+            return Err(task);
+        }
+        if !self
+            .queue_count
+            .reserve_at_intake(self.config.queue_capacity)
+        {
+            return Err(task);
+        }
+        intake.push(task.clone());
+        if intake.needs_worker() {
+            let mut after = After::default();
+            let mut s = self.lock();
+            if s.has_startable() {
+                let worker = s.find_worker();
+                if let Err(e) = self.provide_worker(&mut s, worker, &mut after) {
+                    drop(s);
+                    tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
+                }
+            }
+            self.after(after);
+        }
+        // A paused test clock let go while the work stalled is held again
+        // (clock.rs), as after any transition that can end a stall.
+        self.clock_holds.wake_if_dormant();
+        tracing::trace!(parent: &task.core().span(), "accepted");
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! The intake's half of [`State`] (intake.rs): moving what passed it into
+//! the queue, its gate, and the workers' counts its submitters read.
+
+use super::{After, Room, State, Waiters};
+
+impl State {
+    /// Moves every job waiting in the intake into the queue, in order
+    /// (transition *accept* for each; their places were reserved). Called
+    /// first in every critical section (`Inner::lock`).
+    ///
+    /// Accepting a plain job leaves no work for after the lock but a room
+    /// signal (a lane that grew: lanes.rs), which a job joining the queue
+    /// does not need: it frees no room, and a waiter woken for room
+    /// wakes the next one when it is admitted itself.
+    pub(crate) fn drain_intake(&mut self) {
+        while let Some(task) = self.intake.pop() {
+            let mut after = After::default();
+            self.accept(task, &mut after);
+            after.room = Room::None;
+            debug_assert!(after.is_empty(), "a plain job's accept leaves no work");
+        }
+    }
+
+    /// Opens or closes the intake after a change that may decide it: open
+    /// while plain jobs may pass it (`fast`), the pool is not shut down, no
+    /// caller waits for room (they come first), and a worker lives (the
+    /// last one closes it before it goes: `may_retire`).
+    pub(crate) fn refresh_intake(&mut self) {
+        if !self.fast {
+            return;
+        }
+        let open = !self.shutdown && self.room_waiters == 0 && self.workers > 0;
+        if open {
+            self.count.set_closed(false);
+        } else {
+            self.close_intake();
+        }
+    }
+
+    /// Closes the intake and waits until every place reserved at it is
+    /// filled and its job moved into the queue (intake.rs inv. 1). A
+    /// submitter fills its place a few instructions after reserving it (no
+    /// lock, no foreign code between), so the wait is short unless its
+    /// thread was preempted.
+    fn close_intake(&mut self) {
+        if self.count.is_closed() && self.intake.is_empty() {
+            return;
+        }
+        // Shut, then count (`SeqCst` both; a submitter adds, then looks).
+        self.count.set_closed(true);
+        let mut round = 0u32;
+        loop {
+            self.drain_intake();
+            // The count is the queued jobs, the intake's, the places
+            // reserved at it, and those reserved under this lock.
+            if self.count.exact(self.left).0 <= self.queued + self.reserved {
+                return;
+            }
+            round += 1;
+            if round < 64 {
+                crate::sync::spin_hint();
+            } else {
+                crate::sync::thread::yield_now();
+            }
+        }
+    }
+
+    /// Publishes the workers' counts to submitters at the intake
+    /// (intake.rs inv. 2): searching, and parked or not yet spawned.
+    pub(super) fn publish_workers(&self) {
+        if self.fast {
+            let wakeable = self.parked_list.len() + self.max_in_flight.saturating_sub(self.workers);
+            self.intake.set_workers(self.searching, wakeable);
+        }
+    }
+
+    /// A worker stopped searching: jobs that passed the intake since this
+    /// critical section began join the queue now, so the worker sees them
+    /// (intake.rs inv. 2: it published the change, then looks).
+    pub(crate) fn look_at_intake(&mut self) {
+        if self.fast {
+            crate::sync::fence(crate::sync::Ordering::SeqCst);
+            self.drain_intake();
+        }
+    }
+
+    /// Whether a job waits in the intake (after publishing a change of the
+    /// workers' counts: intake.rs inv. 2).
+    pub(crate) fn intake_has_jobs(&self) -> bool {
+        if !self.fast {
+            return false;
+        }
+        crate::sync::fence(crate::sync::Ordering::SeqCst);
+        !self.intake.is_empty()
+    }
+
+    /// A reservation made in `admit` is given back: the job was refused
+    /// after it.
+    pub(crate) fn unreserve(&mut self) {
+        self.reserved -= 1;
+        self.count.unreserve();
+    }
+
+    /// `n` jobs left the queue (started, cancelled, drained).
+    pub(crate) fn left_queue(&mut self, n: usize) {
+        self.left = self.left.wrapping_add(n);
+        self.count.set_left(self.left);
+    }
+
+    /// Whether a parked worker whose keep-alive expired may retire: not the
+    /// last one while jobs are queued ([`must_keep_worker`](Self::must_keep_worker)).
+    /// The last one first closes the intake, so that no job passes it
+    /// after the worker looked (intake.rs inv. 1); the intake stays closed
+    /// if it goes (no worker lives then), and opens again if it stays.
+    pub(crate) fn may_retire(&mut self) -> bool {
+        if self.workers == 1 && self.fast {
+            self.close_intake();
+        }
+        if self.must_keep_worker() {
+            self.refresh_intake();
+            return false;
+        }
+        true
+    }
+
+    #[cfg(test)]
+    pub(crate) fn waiters(&self, which: Waiters) -> usize {
+        match which {
+            Waiters::Room => self.room_waiters,
+            Waiters::Settle => self.settle_waiters,
+        }
+    }
+
+    /// A waiter of `which` kind starts (`true`) or stops waiting. Callers
+    /// waiting for room close the intake: they come before new jobs.
+    pub(crate) fn count_waiter(&mut self, which: Waiters, starts: bool) {
+        let count = match which {
+            Waiters::Room => &mut self.room_waiters,
+            Waiters::Settle => &mut self.settle_waiters,
+        };
+        if starts {
+            *count += 1;
+        } else {
+            *count -= 1;
+        }
+        self.refresh_intake();
+    }
+}

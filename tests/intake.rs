@@ -1,8 +1,70 @@
-//! The intake (src/intake.rs): plain jobs accepted without the pool lock.
+//! The intake (src/intake.rs, ARCHITECTURE.md "The intake"): a plain job
+//! (no name, key, limiter, group, timeout or deadline) is accepted without
+//! the pool lock. Everything the locked path promises still holds: the
+//! queue bound, FIFO across both kinds of job, the ledger in every
+//! snapshot, refuse-or-run at shutdown, a worker for every job.
 
 mod support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+use offloader::{Offloader, Rejected};
 use support::*;
+
+/// Runs `submitters` threads that each offer plain jobs (counting their
+/// runs in `ran`) until one is refused or `each` were accepted, released
+/// together with `then` on the calling thread; returns the jobs accepted.
+fn race(
+    pool: &Offloader,
+    submitters: usize,
+    each: usize,
+    ran: &Arc<AtomicUsize>,
+    then: impl FnOnce(),
+) -> Vec<offloader::JobHandle<()>> {
+    let start = Arc::new(Barrier::new(submitters + 1));
+    let threads: Vec<_> = (0..submitters)
+        .map(|_| {
+            let (pool, ran, start) = (pool.clone(), ran.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut accepted = Vec::new();
+                for _ in 0..each {
+                    let ran = ran.clone();
+                    match pool
+                        .offload(move |_stop| {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                        })
+                        .spawn()
+                    {
+                        Ok(job) => accepted.push(job),
+                        Err(refused) => {
+                            assert!(
+                                matches!(
+                                    refused.reason(),
+                                    Rejected::ShuttingDown | Rejected::Full { .. }
+                                ),
+                                "{:?}",
+                                refused.reason()
+                            );
+                            if matches!(refused.reason(), Rejected::ShuttingDown) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                accepted
+            })
+        })
+        .collect();
+    start.wait();
+    then();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("a submitter"))
+        .collect()
+}
 
 #[tokio::test]
 async fn a_plain_job_offered_after_a_shutdown_is_refused() {
@@ -15,8 +77,203 @@ async fn a_plain_job_offered_after_a_shutdown_is_refused() {
         .offload(|_stop| ())
         .spawn()
         .expect_err("refused after shutdown");
+    assert!(matches!(refused.reason(), Rejected::ShuttingDown));
+}
+
+/// Invariant 8 and intake.rs inv. 1: many threads offering plain jobs to
+/// a pool whose permit is held get exactly `queue_capacity` of them in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_bound_holds_for_many_threads_at_the_intake() {
+    for capacity in [1, 2, 64] {
+        let pool = pool(1, capacity);
+        let held = occupy(&pool, 1).await;
+        let ran = Arc::new(AtomicUsize::new(0));
+        let accepted = race(&pool, 4, 200, &ran, || ());
+        assert_eq!(accepted.len(), capacity);
+        let m = pool.metrics();
+        assert_ledger(&m);
+        assert_eq!((m.queued, m.running), (capacity as u64, 1));
+        held.release().await;
+        for job in accepted {
+            within("a queued plain job", job).await.expect("runs");
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), capacity);
+    }
+}
+
+/// ARCH 4 and 6 (intake.rs inv. 1): plain jobs offered while a graceful
+/// shutdown begins are refused or run, never accepted and lost.
+#[test]
+fn a_shutdown_racing_the_intake_runs_or_refuses_every_job() {
+    for round in 0..40 {
+        let pool = pool(1 + round % 3, 1 << 16);
+        // The intake opens once a worker lives.
+        pool.offload(|_stop| ())
+            .spawn()
+            .expect("a first job")
+            .detach();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let accepted = race(&pool, 2, 5_000, &ran, || pool.shutdown());
+        assert!(
+            within_blocking("termination", {
+                let pool = pool.clone();
+                move || pool.blocking_await_termination(None)
+            }),
+            "terminated"
+        );
+        for job in accepted.iter() {
+            assert!(job.is_finished());
+        }
+        let m = pool.metrics();
+        assert_ledger(&m);
+        assert_eq!(ran.load(Ordering::SeqCst), accepted.len(), "round {round}");
+        assert_eq!(m.completed, accepted.len() as u64 + 1);
+    }
+}
+
+/// The same with `shutdown_now`: each plain job accepted runs or is in
+/// the report, never both, never neither.
+#[test]
+fn shutdown_now_racing_the_intake_runs_or_reports_every_job() {
+    for round in 0..40 {
+        let pool = pool(1 + round % 3, 1 << 16);
+        pool.offload(|_stop| ())
+            .spawn()
+            .expect("a first job")
+            .detach();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let reported = Mutex::new(0);
+        let accepted = race(&pool, 2, 5_000, &ran, || {
+            *reported.lock().expect("not poisoned") = pool.shutdown_now().len();
+        });
+        assert!(within_blocking("termination", {
+            let pool = pool.clone();
+            move || pool.blocking_await_termination(None)
+        }));
+        let reported = *reported.lock().expect("not poisoned");
+        let m = pool.metrics();
+        assert_ledger(&m);
+        assert_eq!(m.unstarted, reported as u64);
+        assert_eq!(
+            ran.load(Ordering::SeqCst) + reported,
+            accepted.len(),
+            "round {round}"
+        );
+    }
+}
+
+/// FIFO across both doors: plain jobs (the intake) and named ones (the
+/// lock) offered in turn from one thread start in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_named_jobs_start_in_submission_order() {
+    let pool = pool(1, 64);
+    let held = occupy(&pool, 1).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let jobs: Vec<_> = (0..40)
+        .map(|i| {
+            let order = order.clone();
+            let job = pool.offload(move |_stop| order.lock().expect("not poisoned").push(i));
+            let job = if i % 3 == 0 { job.name("named") } else { job };
+            job.spawn().expect("room")
+        })
+        .collect();
+    held.release().await;
+    for job in jobs {
+        within("a job", job).await.expect("runs");
+    }
+    let order = order.lock().expect("not poisoned").clone();
+    assert_eq!(order, (0..40).collect::<Vec<_>>());
+}
+
+/// A plain job is in the ledger as soon as `spawn` returns, and a cancel
+/// before its start means it never runs (ARCH 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_job_is_counted_and_cancellable_at_once() {
+    let pool = pool(1, 16);
+    let held = occupy(&pool, 1).await;
+    let ran = flag();
+    let r = ran.clone();
+    let job = pool
+        .offload(move |_stop| r.store(true, Ordering::SeqCst))
+        .spawn()
+        .expect("room");
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!((m.accepted, m.queued), (2, 1));
+    assert!(job.cancel(), "cancelled before its start");
+    held.release().await;
     assert!(matches!(
-        refused.reason(),
-        offloader::Rejected::ShuttingDown
+        within("the cancelled job", job).await,
+        Err(offloader::Error::Cancelled { .. })
     ));
+    drain_single(&pool).await;
+    assert!(!ran.load(Ordering::SeqCst));
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!(m.cancelled, 1);
+}
+
+/// The last worker retiring at its keep-alive closes the intake first and
+/// stays if a job passed meanwhile: no plain job waits for a worker that
+/// is gone (run many times so that expiry and offers interleave).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_worker_leaves_no_job_at_the_intake() {
+    let pool = builder(1, 16)
+        .keep_alive(Duration::from_micros(50))
+        .build()
+        .expect("valid");
+    for i in 0..2_000u32 {
+        within(
+            "a plain job on a pool whose worker comes and goes",
+            pool.offload(move |_stop| i),
+        )
+        .await
+        .expect("runs");
+        // A varying pause of our own: the worker's keep-alive expires
+        // before, during or after the next offer.
+        let spins = (i * 7_919) % 20_000;
+        for _ in 0..spins {
+            std::hint::spin_loop();
+        }
+    }
+    let m = pool.metrics();
+    assert_ledger(&m);
+    assert_eq!(m.completed, 2_000);
+}
+
+/// Every snapshot taken while plain jobs pass the intake balances, and
+/// `accepted` never goes back.
+#[test]
+fn snapshots_balance_while_jobs_pass_the_intake() {
+    let pool = pool(2, 1 << 16);
+    pool.offload(|_stop| ())
+        .spawn()
+        .expect("a first job")
+        .detach();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (pool, done) = (pool.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut last = 0;
+            let mut seen = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                let m = pool.metrics();
+                assert_ledger(&m);
+                assert!(m.accepted >= last, "accepted went back");
+                last = m.accepted;
+                seen += 1;
+            }
+            seen
+        })
+    };
+    let accepted = race(&pool, 2, 20_000, &ran, || ());
+    let n = accepted.len();
+    for job in accepted {
+        assert!(job.blocking_wait().is_ok());
+    }
+    done.store(true, Ordering::SeqCst);
+    assert!(watcher.join().expect("the watcher") > 0);
+    assert_eq!(ran.load(Ordering::SeqCst), n);
+    assert_ledger(&pool.metrics());
 }

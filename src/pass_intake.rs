@@ -28,23 +28,28 @@ impl Inner {
         {
             return Err(task);
         }
-        intake.push(task.clone());
+        // Accepted from here on: the push cannot fail.
+        tracing::trace!(parent: &task.core().span(), "accepted");
+        intake.push(task);
         if intake.needs_worker() {
             let mut after = After::default();
-            let mut s = self.lock();
-            if s.has_startable() {
-                let worker = s.find_worker();
-                if let Err(e) = self.provide_worker(&mut s, worker, &mut after) {
-                    drop(s);
-                    tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
+            let spawn_error = {
+                let mut s = self.lock();
+                if s.has_startable() {
+                    let worker = s.find_worker();
+                    self.provide_worker(&mut s, worker, &mut after).err()
+                } else {
+                    None
                 }
+            };
+            if let Some(e) = spawn_error {
+                tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
             }
             self.after(after);
         }
         // A paused test clock let go while the work stalled is held again
         // (clock.rs), as after any transition that can end a stall.
         self.clock_holds.wake_if_dormant();
-        tracing::trace!(parent: &task.core().span(), "accepted");
         Ok(())
     }
 }

@@ -13,12 +13,12 @@ impl State {
     /// does not need: it frees no room, and a waiter woken for room
     /// wakes the next one when it is admitted itself.
     pub(crate) fn drain_intake(&mut self) {
+        let mut after = After::default();
         while let Some(task) = self.intake.pop() {
-            let mut after = After::default();
             self.accept(task, &mut after);
-            after.room = Room::None;
-            debug_assert!(after.is_empty(), "a plain job's accept leaves no work");
         }
+        after.room = Room::None;
+        debug_assert!(after.is_empty(), "a plain job's accept leaves no work");
     }
 
     /// Opens or closes the intake after a change that may decide it: open

@@ -1,9 +1,11 @@
 //! The intake: the pool's front door for plain jobs, which a submitter
 //! passes without taking the pool lock (ARCHITECTURE.md "The intake").
 //!
-//! A *plain* job has no name, key, limiter, group, timeout or deadline
-//! (`JobCore::extras` is `None`), in a pool without an observer or a
-//! stuck-job monitor. While the intake is *open*, such a job is appended to
+//! A *plain* job is one of no group and no limiter (its name, key,
+//! timeout or deadline do not matter), not following a token cancelled
+//! already, in a pool without an observer or a stuck-job monitor: nothing
+//! about its admission but the queue bound and the shutdown needs the
+//! pool's state. While the intake is *open*, such a job is appended to
 //! a lock-free FIFO instead of the pool's queue, and whoever takes the pool
 //! lock next moves every job waiting there into the queue, in order, before
 //! doing anything else (`Inner::lock`): so the queue under the lock is
@@ -318,29 +320,40 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_job_waits_in_the_intake_until_the_next_lock() {
+    fn a_job_waits_in_the_intake_until_the_next_lock() {
         let (pool, go, blocker) = held(true);
         let intake = pool.inner().intake.clone().expect("an intake");
         let job = pool.offload(|_stop| 7).spawn().expect("accepted");
         // Nobody took the lock since: the worker runs the blocker.
-        assert!(!intake.is_empty(), "the plain job passed the intake");
+        assert!(!intake.is_empty(), "the job passed the intake");
         assert_eq!(counted(&pool), 1, "its place is reserved");
         let m = pool.metrics();
         assert!(intake.is_empty(), "the snapshot's lock moved it");
         assert_eq!((m.accepted, m.queued), (2, 1));
         assert!(m.ledger_balances());
-        // A named job takes the lock: it is queued behind the plain one.
+        // A named and keyed job passes it too; one needing a limiter takes
+        // the lock, which moves the first into the queue ahead of it.
         let named = pool
             .offload(|_stop| 8)
             .name("named")
+            .key("k")
+            .spawn()
+            .expect("accepted");
+        assert!(!intake.is_empty());
+        let limiter = crate::Limiter::new(4);
+        let limited = pool
+            .offload(|_stop| 9)
+            .limiter(&limiter)
             .spawn()
             .expect("accepted");
         assert!(intake.is_empty());
-        assert_eq!(counted(&pool), 2);
+        assert_eq!(counted(&pool), 3);
+        assert_eq!(limiter.stats().waiting, 1, "counted as it was accepted");
         go.send(()).expect("the blocker waits");
         assert!(blocker.blocking_wait().is_ok());
         assert_eq!(job.blocking_wait().ok(), Some(7));
         assert_eq!(named.blocking_wait().ok(), Some(8));
+        assert_eq!(limited.blocking_wait().ok(), Some(9));
         assert_eq!(counted(&pool), 0);
     }
 

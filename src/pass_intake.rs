@@ -19,7 +19,11 @@ impl Inner {
         let Some(intake) = &self.intake else {
             return Err(task);
         };
-        if cancelled || task.core().extras.is_some() {
+        // A group's admission (stopped? closed?) and a limiter's count of
+        // the jobs waiting for it are decided with the job's accept, under
+        // the lock; so is a job cancelled as it is accepted.
+        let core = task.core();
+        if cancelled || core.membership().is_some() || !core.limiters().is_empty() {
             return Err(task);
         }
         if !self

@@ -1,6 +1,5 @@
-//! The intake (src/intake.rs, ARCHITECTURE.md "The intake"): a plain job
-//! (no name, key, limiter, group, timeout or deadline) is accepted without
-//! the pool lock. Everything the locked path promises still holds: the
+//! The intake (src/intake.rs, ARCHITECTURE.md "The intake"): a job of no
+//! group and no limiter is accepted without the pool lock. Everything the locked path promises still holds: the
 //! queue bound, FIFO across both kinds of job, the ledger in every
 //! snapshot, refuse-or-run at shutdown, a worker for every job.
 
@@ -166,19 +165,26 @@ fn shutdown_now_racing_the_intake_runs_or_reports_every_job() {
     }
 }
 
-/// FIFO across both doors: plain jobs (the intake) and named ones (the
-/// lock) offered in turn from one thread start in that order.
+/// FIFO across both doors: jobs passing the intake (plain, named, with a
+/// timeout) and a group's jobs (which take the lock) offered in turn from
+/// one thread start in that order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_and_named_jobs_start_in_submission_order() {
+async fn jobs_of_both_doors_start_in_submission_order() {
     let pool = pool(1, 64);
+    let group = pool.group();
     let held = occupy(&pool, 1).await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let jobs: Vec<_> = (0..40)
         .map(|i| {
             let order = order.clone();
-            let job = pool.offload(move |_stop| order.lock().expect("not poisoned").push(i));
-            let job = if i % 3 == 0 { job.name("named") } else { job };
-            job.spawn().expect("room")
+            let f = move |_stop: &offloader::StopToken| order.lock().expect("not poisoned").push(i);
+            match i % 4 {
+                0 => group.offload(f).spawn(),
+                1 => pool.offload(f).name("named").spawn(),
+                2 => pool.offload(f).with_timeout(HANG).spawn(),
+                _ => pool.offload(f).spawn(),
+            }
+            .expect("room")
         })
         .collect();
     held.release().await;

@@ -153,6 +153,7 @@ impl QueueCount {
     }
 
     /// Whether the gate is closed.
+    #[cfg(test)]
     pub(crate) fn is_closed(&self) -> bool {
         self.submitted.closed.load(Ordering::SeqCst)
     }
@@ -390,6 +391,68 @@ mod tests {
         for (i, job) in queued.into_iter().enumerate() {
             assert_eq!(job.blocking_wait().ok(), Some(i));
         }
+    }
+
+    /// Regression (hostile review): a job taking the lock was refused as
+    /// if the queue were full while a job reserved at the intake, which a
+    /// free permit would start, was still on its way. Admission closes the
+    /// intake, waits for that job, and judges on the exact queue.
+    #[test]
+    fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
+        let pool = Offloader::builder()
+            .max_in_flight(2)
+            .queue_capacity(1)
+            .build()
+            .expect("valid");
+        let (go, wait) = mpsc::channel::<()>();
+        let (started, running) = mpsc::channel::<()>();
+        let blocker = pool
+            .offload(move |_stop| {
+                let _ = started.send(());
+                let _ = wait.recv();
+            })
+            .spawn()
+            .expect("accepted");
+        running.recv().expect("the blocker started");
+        // A submitter at the intake, between its reservation and its push.
+        let inner = pool.inner();
+        assert!(inner.queue_count.reserve_at_intake(1));
+        let group = pool.group();
+        let (done, result) = mpsc::channel();
+        let locked = std::thread::spawn(move || {
+            let _ = done.send(
+                group
+                    .offload(|_stop| 2)
+                    .spawn()
+                    .map_err(|e| format!("{:?}", e.reason())),
+            );
+        });
+        // Still waiting, it is judged after the push (a refusal found now
+        // is reported after the push: the pool's shutdown would otherwise
+        // wait for the reserved place).
+        let early = result.recv_timeout(std::time::Duration::from_millis(30));
+        let core = crate::job_core::JobCore::new(
+            crate::id::JobId::next(),
+            None,
+            None,
+            None,
+            None,
+            Vec::new(),
+        );
+        let job: std::sync::Arc<dyn crate::job::Task> =
+            std::sync::Arc::new(crate::job::Job::new(core, |_: &crate::StopToken| 1));
+        inner.intake.as_ref().expect("an intake").push(job);
+        let admitted = match early {
+            Ok(judged) => judged,
+            Err(_) => result
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("admission once the job arrived"),
+        };
+        let handle = admitted.expect("room: the job at the intake starts on the free permit");
+        locked.join().expect("the submitter");
+        go.send(()).expect("the blocker waits");
+        assert!(blocker.blocking_wait().is_ok());
+        assert_eq!(handle.blocking_wait().ok(), Some(2));
     }
 
     /// Polls `fut` once.

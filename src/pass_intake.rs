@@ -32,12 +32,16 @@ impl Inner {
         {
             return Err(task);
         }
-        // Accepted from here on: the push cannot fail.
-        tracing::trace!(parent: &task.core().span(), "accepted");
+        // Nothing foreign between the reservation and the push (a tracing
+        // subscriber may call into the pool, or panic): a closer waits for
+        // the push under the pool lock (intake.rs inv. 1). And the log
+        // lines come last, after the job has its worker.
+        let accepted = task.clone();
         intake.push(task);
+        let mut spawn_error = None;
         if intake.needs_worker() {
             let mut after = After::default();
-            let spawn_error = {
+            spawn_error = {
                 let mut s = self.lock();
                 if s.has_startable() {
                     let worker = s.find_worker();
@@ -46,14 +50,15 @@ impl Inner {
                     None
                 }
             };
-            if let Some(e) = spawn_error {
-                tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
-            }
             self.after(after);
         }
         // A paused test clock let go while the work stalled is held again
         // (clock.rs), as after any transition that can end a stall.
         self.clock_holds.wake_if_dormant();
+        tracing::trace!(parent: &accepted.core().span(), "accepted");
+        if let Some(e) = spawn_error {
+            tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
+        }
         Ok(())
     }
 }

@@ -405,6 +405,14 @@ impl Inner {
         s.accept_admitted(task.clone(), &mut after);
         let cancelled = cancelled && s.cancel_queued(task.core(), &mut after);
         drop(s);
+        // The accepted job's work first, then the log lines: a tracing
+        // subscriber that panics must not leave a claimed worker unparked
+        // or a cancelled job unsettled.
+        self.after(after);
+        if cancelled {
+            task.discard();
+            self.published_one(task.core());
+        }
         if let Some(e) = monitor_error {
             tracing::warn!(error = %e, "could not spawn the stuck-job monitor; stuck jobs go unreported");
         }
@@ -412,11 +420,6 @@ impl Inner {
         tracing::trace!(parent: &task.core().span(), "accepted");
         if let Some(e) = spawn_error {
             tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
-        }
-        self.after(after);
-        if cancelled {
-            task.discard();
-            self.published_one(task.core());
         }
         Ok(())
     }

@@ -32,33 +32,43 @@ impl State {
         Ok(())
     }
 
-    /// Reserves the job's place in the queue bound, by the same
-    /// word as a submitter at the intake (intake.rs inv. 1):
-    /// refused if as many jobs as the bound already wait for a permit,
-    /// counting those in the intake and reserved there, unless the job
-    /// would start at once.
+    /// Reserves the job's place in the queue bound, on the same word as a
+    /// submitter at the intake (intake.rs inv. 1): refused if as many jobs
+    /// as the bound already wait for a permit, unless the job would start
+    /// at once. Jobs at the intake are counted as waiting; if that alone
+    /// would refuse the job, the intake is closed (which moves them into
+    /// the queue, where those a free permit would start are not waiting),
+    /// the job judged on the exact queue, and the intake opened again.
     fn reserve(&mut self, core: &JobCore) -> Result<(), Rejected> {
-        // Queued jobs that a free permit would start now are not waiting
-        // (the intake's are not counted here: they may only wait).
-        let free = self.free_permits();
-        let starting = free.min(self.startable_queued);
-        loop {
+        let mut settled = false;
+        let reserved = loop {
             let (counted, seen) = self.count.exact(self.left);
-            // Jobs in the intake or reserved there come first: they take
-            // free permits before this job.
-            let ahead = counted.saturating_sub(self.queued);
+            let ahead = counted.saturating_sub(self.queued + self.reserved);
+            // Queued jobs that a free permit would start now are not
+            // waiting; jobs ahead of this one take free permits first.
+            let free = self.free_permits();
+            let starting = free.min(self.startable_queued);
             if counted.saturating_sub(starting) >= self.queue_capacity
                 && !self.would_start_at_once(core, free.saturating_sub(ahead))
             {
-                return Err(Rejected::Full {
+                if ahead > 0 && !settled {
+                    settled = true;
+                    self.close_intake();
+                    continue;
+                }
+                break Err(Rejected::Full {
                     capacity: self.queue_capacity,
                 });
             }
             if self.count.reserve_exact(seen) {
                 self.reserved += 1;
-                return Ok(());
+                break Ok(());
             }
+        };
+        if settled {
+            self.refresh_intake();
         }
+        reserved
     }
 
     /// How far the observer lags, if that (and not a full queue) is what

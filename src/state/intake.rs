@@ -38,22 +38,17 @@ impl State {
     }
 
     /// Closes the intake and waits until every place reserved at it is
-    /// filled and its job moved into the queue (intake.rs inv. 1). A
-    /// submitter fills its place a few instructions after reserving it (no
-    /// lock, no foreign code between), so the wait is short unless its
-    /// thread was preempted.
-    fn close_intake(&mut self) {
-        if self.count.is_closed() && self.intake.is_empty() {
-            return;
-        }
+    /// filled and its job moved into the queue, or given back (intake.rs
+    /// inv. 1). A submitter fills its place a few instructions after
+    /// reserving it (no lock, no foreign code between), so the wait is
+    /// short unless its thread was preempted.
+    pub(super) fn close_intake(&mut self) {
         // Shut, then count (`SeqCst` both; a submitter adds, then looks).
         self.count.set_closed(true);
         let mut round = 0u32;
         loop {
             self.drain_intake();
-            // The count is the queued jobs, the intake's, the places
-            // reserved at it, and those reserved under this lock.
-            if self.count.exact(self.left).0 <= self.queued + self.reserved {
+            if self.intake_ahead() == 0 {
                 return;
             }
             round += 1;
@@ -63,6 +58,17 @@ impl State {
                 crate::sync::thread::yield_now();
             }
         }
+    }
+
+    /// Jobs counted but not yet in the queue: in the intake, or with a
+    /// place reserved at it (filled soon, or given back).
+    pub(super) fn intake_ahead(&self) -> usize {
+        // The count is the queued jobs, the intake's, the places reserved
+        // at it, and those reserved under this lock.
+        self.count
+            .exact(self.left)
+            .0
+            .saturating_sub(self.queued + self.reserved)
     }
 
     /// Publishes the workers' counts to submitters at the intake

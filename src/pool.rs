@@ -255,6 +255,7 @@ impl Inner {
     /// accepted so far.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         let mut s = lock(&self.state);
+        s.debug_check_reservations();
         if self.intake.as_ref().is_some_and(|i| !i.is_empty()) {
             s.drain_intake();
         }

@@ -289,3 +289,55 @@ fn snapshots_balance_while_jobs_pass_the_intake() {
     assert_eq!(ran.load(Ordering::SeqCst), n);
     assert_ledger(&pool.metrics());
 }
+
+/// The intake is closed while no worker lives: with the last worker gone
+/// (its keep-alive expired) and no thread to be had, a plain job is
+/// refused, as on the locked path, rather than accepted with nobody to
+/// run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_worker_and_none_to_spawn_a_plain_job_is_refused() {
+    let pool = builder(1, 16)
+        .keep_alive(Duration::from_millis(1))
+        .build()
+        .expect("valid");
+    within("a first job", pool.offload(|_stop| ()))
+        .await
+        .expect("runs");
+    eventually("the worker retired", || pool.metrics().workers == 0).await;
+    pool.__fail_next_thread_spawns(1);
+    let refused = pool
+        .offload(|_stop| ())
+        .spawn()
+        .expect_err("no worker to run it");
+    assert!(matches!(refused.reason(), Rejected::ThreadSpawn(_)));
+    within("the next job", pool.offload(|_stop| 2))
+        .await
+        .expect("a worker again");
+    assert_ledger(&pool.metrics());
+}
+
+/// A parked worker of a pool with an intake sleeps: its look at the intake
+/// before parking does not keep it awake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_sleeps() {
+    let pool = builder(1, 16)
+        .thread_name("idle-sleeper")
+        .keep_alive(Duration::from_secs(3600))
+        .build()
+        .expect("valid");
+    within("a job", pool.offload(|_stop| ()))
+        .await
+        .expect("runs");
+    eventually("the worker parked", || {
+        sleeping_threads_named("idle-sleeper") == 1
+    })
+    .await;
+    let before = cpu_ticks_of_threads_named("idle-sleeper");
+    // A window of waiting, not an ordering of events.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let spent = cpu_ticks_of_threads_named("idle-sleeper") - before;
+    assert!(spent <= 2, "the idle worker used {spent} ticks in 500 ms");
+    within("a job after the wait", pool.offload(|_stop| ()))
+        .await
+        .expect("runs");
+}

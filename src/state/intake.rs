@@ -107,6 +107,16 @@ impl State {
         self.count.unreserve();
     }
 
+    /// A place reserved under the lock is taken by its job's accept, or
+    /// given back, within the same critical section (checked as the lock
+    /// is taken, in debug builds).
+    pub(crate) fn debug_check_reservations(&self) {
+        debug_assert_eq!(
+            self.reserved, 0,
+            "a reservation outlived its critical section"
+        );
+    }
+
     /// `n` jobs left the queue (started, cancelled, drained).
     pub(crate) fn left_queue(&mut self, n: usize) {
         self.left = self.left.wrapping_add(n);

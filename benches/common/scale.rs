@@ -8,7 +8,9 @@
 //! operation itself:
 //!
 //! - `submit`: `n` no-op jobs queued with `spawn()` (handles kept in a vector
-//!   sized up front).
+//!   sized up front), then one snapshot, whose lock moves the jobs that
+//!   passed the intake into the queue: their accept is paid here, not by the
+//!   next operation (the other operations start after that snapshot).
 //! - `cancel_newest_first`: `n` queued jobs, each handle cancelled, newest
 //!   first.
 //! - `cancel_random`: the same in a random order (a seeded shuffle, done
@@ -265,7 +267,10 @@ impl Blocked {
         }
     }
 
-    /// `n` no-op jobs queued, their handles in order of submission.
+    /// `n` no-op jobs queued, their handles in order of submission. Ends
+    /// with a snapshot: its lock moves the jobs that passed the intake into
+    /// the queue, so that their accept is paid here (by `submit`) and not
+    /// by the first operation that takes the lock after.
     fn queue(&self, n: usize, meter: &Meter) -> Vec<JobHandle<u64>> {
         let mut handles = Vec::with_capacity(n);
         for i in 0..n {
@@ -277,6 +282,8 @@ impl Blocked {
             handles.push(job);
             meter.tick(i + 1);
         }
+        let queued = self.pool.metrics().queued;
+        assert_eq!(queued, n as u64, "every job queued");
         handles
     }
 

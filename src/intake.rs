@@ -153,7 +153,7 @@ impl QueueCount {
     }
 
     /// Whether the gate is closed.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn is_closed(&self) -> bool {
         self.submitted.closed.load(Ordering::SeqCst)
     }
@@ -286,12 +286,17 @@ mod tests {
     /// A one-permit pool whose permit is held by a function waiting on the
     /// returned sender; its worker lives, so its intake is open.
     fn held(intake: bool) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
-        let pool = Offloader::builder()
-            .max_in_flight(1)
-            .queue_capacity(4)
-            .intake(intake)
-            .build()
-            .expect("valid");
+        held_in(
+            Offloader::builder()
+                .max_in_flight(1)
+                .queue_capacity(4)
+                .intake(intake),
+        )
+    }
+
+    /// The pool `builder` builds, one of its permits held as by [`held`].
+    fn held_in(builder: crate::Builder) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
+        let pool = builder.build().expect("valid");
         let (go, wait) = mpsc::channel::<()>();
         let (started, running) = mpsc::channel::<()>();
         let blocker = pool
@@ -399,21 +404,7 @@ mod tests {
     /// intake, waits for that job, and judges on the exact queue.
     #[test]
     fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
-        let pool = Offloader::builder()
-            .max_in_flight(2)
-            .queue_capacity(1)
-            .build()
-            .expect("valid");
-        let (go, wait) = mpsc::channel::<()>();
-        let (started, running) = mpsc::channel::<()>();
-        let blocker = pool
-            .offload(move |_stop| {
-                let _ = started.send(());
-                let _ = wait.recv();
-            })
-            .spawn()
-            .expect("accepted");
-        running.recv().expect("the blocker started");
+        let (pool, go, blocker) = held_in(Offloader::builder().max_in_flight(2).queue_capacity(1));
         // A submitter at the intake, between its reservation and its push.
         let inner = pool.inner();
         assert!(inner.queue_count.reserve_at_intake(1));

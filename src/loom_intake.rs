@@ -4,9 +4,8 @@
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
-use loom::thread;
 
-use crate::loom_tests::Branches;
+use crate::loom_tests::{shutdown_vs_submit_on, Branches};
 use crate::Offloader;
 
 /// A one-permit pool with its intake on, whose worker lives (the intake
@@ -25,38 +24,8 @@ fn warm_pool() -> Offloader {
 /// handed back, never run) or accepted and run; never accepted and lost.
 #[test]
 fn intake_vs_shutdown() {
-    // 0: refused; 1: accepted and run.
     static BRANCHES: Branches<2> = Branches::new();
-    loom::model(|| {
-        let pool = warm_pool();
-        let ran = Arc::new(AtomicBool::new(false));
-        let closer = {
-            let pool = pool.clone();
-            thread::spawn(move || pool.shutdown())
-        };
-        let r = ran.clone();
-        let submitted = pool
-            .offload(move |_| r.store(true, Ordering::SeqCst))
-            .spawn();
-        closer.join().unwrap();
-        match submitted {
-            Ok(job) => {
-                BRANCHES.hit(1);
-                assert!(job.blocking_wait().is_ok());
-                assert!(ran.load(Ordering::SeqCst));
-            }
-            Err(refused) => {
-                BRANCHES.hit(0);
-                assert!(matches!(refused.reason(), crate::Rejected::ShuttingDown));
-                let _func = refused.into_inner();
-                assert!(!ran.load(Ordering::SeqCst));
-            }
-        }
-        assert!(pool.blocking_await_termination(None));
-        let m = pool.metrics();
-        assert!(m.ledger_balances());
-        assert_eq!(m.accepted, m.completed);
-    });
+    loom::model(|| shutdown_vs_submit_on(warm_pool(), Some(&BRANCHES)));
     BRANCHES.assert_all(["refused", "accepted and run"]);
 }
 

@@ -180,35 +180,42 @@ fn stop_callback_drop_vs_request() {
 
 #[test]
 fn shutdown_vs_submit() {
-    loom::model(|| {
-        let pool = pool(1);
-        let ran = Arc::new(AtomicBool::new(false));
-        let closer = {
-            let pool = pool.clone();
-            thread::spawn(move || pool.shutdown())
-        };
-        let r = ran.clone();
-        let submitted = pool
-            .offload(move |_| r.store(true, Ordering::SeqCst))
-            .spawn();
-        closer.join().unwrap();
-        match submitted {
-            Ok(job) => {
-                assert!(job.blocking_wait().is_ok());
-                assert!(ran.load(Ordering::SeqCst));
-            }
-            Err(refused) => {
-                assert!(matches!(refused.reason(), crate::Rejected::ShuttingDown));
-                let _func = refused.into_inner();
-                assert!(!ran.load(Ordering::SeqCst));
-            }
+    loom::model(|| shutdown_vs_submit_on(pool(1), None));
+}
+
+/// The body of `shutdown_vs_submit` on `pool` (also run with the intake
+/// open: loom_intake.rs), counting in `branches` which outcome each
+/// iteration saw (0: refused; 1: accepted and run).
+pub(crate) fn shutdown_vs_submit_on(pool: Offloader, branches: Option<&Branches<2>>) {
+    let hit = |i| branches.inspect(|b| b.hit(i));
+    let ran = Arc::new(AtomicBool::new(false));
+    let closer = {
+        let pool = pool.clone();
+        thread::spawn(move || pool.shutdown())
+    };
+    let r = ran.clone();
+    let submitted = pool
+        .offload(move |_| r.store(true, Ordering::SeqCst))
+        .spawn();
+    closer.join().unwrap();
+    match submitted {
+        Ok(job) => {
+            hit(1);
+            assert!(job.blocking_wait().is_ok());
+            assert!(ran.load(Ordering::SeqCst));
         }
-        assert!(pool.blocking_await_termination(None));
-        let m = pool.metrics();
-        assert!(m.ledger_balances());
-        assert_eq!(m.accepted, m.completed);
-        assert_eq!(m.workers, 0);
-    });
+        Err(refused) => {
+            hit(0);
+            assert!(matches!(refused.reason(), crate::Rejected::ShuttingDown));
+            let _func = refused.into_inner();
+            assert!(!ran.load(Ordering::SeqCst));
+        }
+    }
+    assert!(pool.blocking_await_termination(None));
+    let m = pool.metrics();
+    assert!(m.ledger_balances());
+    assert_eq!(m.accepted, m.completed);
+    assert_eq!(m.workers, 0);
 }
 
 #[test]

@@ -106,13 +106,7 @@ async fn the_queue_bound_holds_for_many_threads_at_the_intake() {
 fn a_shutdown_racing_the_intake_runs_or_refuses_every_job() {
     for round in 0..40 {
         let pool = pool(1 + round % 3, 1 << 16);
-        // The intake opens once a worker lives.
-        assert!(pool
-            .offload(|_stop| ())
-            .spawn()
-            .expect("a first job")
-            .blocking_wait()
-            .is_ok());
+        warm(&pool);
         let ran = Arc::new(AtomicUsize::new(0));
         let accepted = race(&pool, 2, 5_000, &ran, || pool.shutdown());
         assert!(
@@ -138,12 +132,7 @@ fn a_shutdown_racing_the_intake_runs_or_refuses_every_job() {
 fn shutdown_now_racing_the_intake_runs_or_reports_every_job() {
     for round in 0..40 {
         let pool = pool(1 + round % 3, 1 << 16);
-        assert!(pool
-            .offload(|_stop| ())
-            .spawn()
-            .expect("a first job")
-            .blocking_wait()
-            .is_ok());
+        warm(&pool);
         let ran = Arc::new(AtomicUsize::new(0));
         let reported = Mutex::new(0);
         let accepted = race(&pool, 2, 5_000, &ran, || {
@@ -256,12 +245,7 @@ async fn the_last_worker_leaves_no_job_at_the_intake() {
 #[test]
 fn snapshots_balance_while_jobs_pass_the_intake() {
     let pool = pool(2, 1 << 16);
-    assert!(pool
-        .offload(|_stop| ())
-        .spawn()
-        .expect("a first job")
-        .blocking_wait()
-        .is_ok());
+    warm(&pool);
     let ran = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {

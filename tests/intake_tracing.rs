@@ -18,42 +18,27 @@ use support::*;
 
 type Armed = Mutex<Vec<(ThreadId, Box<dyn FnOnce() + Send>)>>;
 
-/// What to run at the next event of a thread, per thread.
+/// What to run at the next event of a thread, per thread (the process-wide
+/// subscriber runs it).
 fn armed() -> &'static Armed {
     static ARMED: OnceLock<Armed> = OnceLock::new();
     ARMED.get_or_init(|| {
-        tracing::subscriber::set_global_default(OnEvent).expect("the only subscriber");
+        tracing::subscriber::set_global_default(OnEvents(|_: &tracing::Event<'_>| {
+            let me = std::thread::current().id();
+            let hook = {
+                let mut armed = armed()
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let at = armed.iter().position(|(t, _)| *t == me);
+                at.map(|i| armed.swap_remove(i).1)
+            };
+            if let Some(hook) = hook {
+                hook();
+            }
+        }))
+        .expect("the only subscriber");
         Mutex::new(Vec::new())
     })
-}
-
-/// Runs what is armed for the current thread at its next event.
-struct OnEvent;
-
-impl tracing::Subscriber for OnEvent {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {
-        let me = std::thread::current().id();
-        let hook = {
-            let mut armed = armed()
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let at = armed.iter().position(|(t, _)| *t == me);
-            at.map(|i| armed.swap_remove(i).1)
-        };
-        if let Some(hook) = hook {
-            hook();
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// Offers a plain job from a thread of its own that runs `on_event` at the
@@ -86,12 +71,7 @@ fn offer_traced(
 #[test]
 fn a_subscriber_calling_into_the_pool_at_accepted_races_a_shutdown() {
     let pool = pool(1, 16);
-    assert!(pool
-        .offload(|_stop| ())
-        .spawn()
-        .expect("a first job")
-        .blocking_wait()
-        .is_ok());
+    warm(&pool);
     let ran = Arc::new(AtomicUsize::new(0));
     let (at_event, in_event) = std::sync::mpsc::channel();
     let watched = pool.clone();
@@ -125,12 +105,7 @@ fn a_subscriber_calling_into_the_pool_at_accepted_races_a_shutdown() {
 fn a_subscriber_panicking_at_accepted_loses_no_job_and_no_room() {
     quiet_deliberate_panics();
     let pool = pool(1, 1);
-    assert!(pool
-        .offload(|_stop| ())
-        .spawn()
-        .expect("a first job")
-        .blocking_wait()
-        .is_ok());
+    warm(&pool);
     let ran = Arc::new(AtomicUsize::new(0));
     let submitter = offer_traced(&pool, &ran, || panic!("{ON_PURPOSE}"));
     assert!(
@@ -171,12 +146,7 @@ fn a_subscriber_panicking_at_accepted_leaves_no_claimed_worker_parked() {
         .keep_alive(std::time::Duration::from_secs(60))
         .build()
         .expect("valid");
-    assert!(pool
-        .offload(|_stop| ())
-        .spawn()
-        .expect("a first job")
-        .blocking_wait()
-        .is_ok());
+    warm(&pool);
     eventually_blocking("the worker parked", || {
         sleeping_threads_named("trc-park") == 1
     });

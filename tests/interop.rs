@@ -225,31 +225,6 @@ async fn a_job_following_a_cancelled_token_never_runs() {
     assert_eq!((m.cancelled, m.completed), (300, 0), "{m:?}");
 }
 
-/// Holds the pool's `accepted` event (trace level, emitted on the
-/// submitting thread after the accepting critical section) until the job
-/// has started, at most [`SHORT`]: the window between accepting a job and
-/// its watch seeing the token, held open.
-struct HoldAccepted(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
-
-impl tracing::Subscriber for HoldAccepted {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::TRACE {
-            let started = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = started.recv_timeout(SHORT);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// A job that follows a token cancelled already is cancelled while it is
 /// accepted, not by its watch just after: with that moment held open and a
 /// worker looking for work, the job still never runs (kills the mutant of
@@ -266,7 +241,17 @@ async fn a_job_following_a_cancelled_token_is_cancelled_as_it_is_accepted() {
         // a while before it parks.
         within("a warm-up job", pool.offload(|_| ())).await.unwrap();
         let (started_tx, started) = std::sync::mpsc::channel();
-        let hold = HoldAccepted(std::sync::Mutex::new(started));
+        // Holds the pool's `accepted` event (trace level, emitted on the
+        // submitting thread after the accepting critical section) until the
+        // job has started, at most `SHORT`: the window between accepting a
+        // job and its watch seeing the token, held open.
+        let started = std::sync::Mutex::new(started);
+        let hold = OnEvents(move |event: &tracing::Event<'_>| {
+            if *event.metadata().level() == tracing::Level::TRACE {
+                let started = started.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = started.recv_timeout(SHORT);
+            }
+        });
         let job = tracing::subscriber::with_default(hold, || {
             pool.offload(move |_| {
                 let _ = started_tx.send(());

@@ -139,7 +139,7 @@ impl State {
         true
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn waiters(&self, which: Waiters) -> usize {
         match which {
             Waiters::Room => self.room_waiters,

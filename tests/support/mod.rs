@@ -313,6 +313,34 @@ pub(crate) async fn occupy(pool: &Offloader, permits: usize) -> Occupied {
     Occupied { gate, handles }
 }
 
+/// A tracing subscriber that calls its function at every event (spans get
+/// one id and are otherwise ignored): a test's hook into the pool's log
+/// lines.
+pub(crate) struct OnEvents<F>(pub(crate) F);
+
+impl<F: Fn(&tracing::Event<'_>) + Send + Sync + 'static> tracing::Subscriber for OnEvents<F> {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        (self.0)(event);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Runs one no-op job to completion, so that a worker lives: the pool's
+/// intake (src/intake.rs) is open from then on.
+pub(crate) fn warm(pool: &Offloader) {
+    let first = pool.offload(|_stop| ()).spawn().expect("a first job");
+    assert!(first.blocking_wait().is_ok(), "the first job runs");
+}
+
 /// On a one-permit pool, waits until every job accepted before is terminal *and* counted.
 pub(crate) async fn drain_single(pool: &Offloader) {
     // The one worker takes jobs in order and counts each before publishing

@@ -27,12 +27,16 @@ impl Inner {
             drop(s);
             for task in stuck {
                 let core = task.core();
-                tracing::warn!(
-                    parent: &core.span(),
-                    running_for = ?core.clock(),
-                    stop_requested = core.is_stop_requested(),
-                    "job is stuck: it has run longer than the stuck_after threshold"
-                );
+                // A tracing subscriber is foreign code: its panic must not
+                // end this thread (termination waits for it).
+                crate::quiet::quietly(|| {
+                    tracing::warn!(
+                        parent: &core.span(),
+                        running_for = ?core.clock(),
+                        stop_requested = core.is_stop_requested(),
+                        "job is stuck: it has run longer than the stuck_after threshold"
+                    );
+                });
                 drop_quietly(task);
             }
             s = self.lock();

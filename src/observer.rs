@@ -225,7 +225,9 @@ pub(crate) fn deliver(observer: &dyn Observer, batch: &VecDeque<JobEvent>) {
     for event in batch {
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| observer.on_event(event))) {
             crate::quiet::drop_quietly(payload);
-            tracing::warn!(id = event.id.0, kind = ?event.kind, "the lifecycle observer panicked; the panic was caught and delivery goes on");
+            crate::quiet::quietly(|| {
+                tracing::warn!(id = event.id.0, kind = ?event.kind, "the lifecycle observer panicked; the panic was caught and delivery goes on");
+            });
         }
     }
 }

@@ -5,6 +5,9 @@
 //! panic in one of them is caught here, logged at `warn`, and its payload
 //! dropped quietly (or leaked if dropping it panics too), so a worker never
 //! dies half-way through its bookkeeping (ARCHITECTURE.md, invariant 5).
+//! A tracing subscriber is foreign code too: on a worker, the pool's own
+//! log lines go through [`quietly`], and a panic there is not logged (that
+//! would call the subscriber again).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::Waker;
@@ -13,8 +16,26 @@ use std::task::Waker;
 /// (its own payload leaked rather than dropped).
 pub(crate) fn drop_quietly<V>(value: V) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
-        tracing::warn!("a user value panicked while being dropped; the panic was caught");
+        quietly(|| {
+            tracing::warn!("a user value panicked while being dropped; the panic was caught");
+        });
         std::mem::forget(payload);
+    }
+}
+
+/// Runs `f`, the pool's own code calling a tracing subscriber (a log line,
+/// a span entered or left, ...); `None` if the subscriber panicked. The
+/// panic is not logged, and its payload is dropped inside a catch (leaked
+/// if that panics too).
+pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(value) => Some(value),
+        Err(payload) => {
+            if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                std::mem::forget(again);
+            }
+            None
+        }
     }
 }
 
@@ -25,10 +46,12 @@ pub(crate) fn call_quietly(what: &'static str, f: impl FnOnce()) -> bool {
         Ok(()) => true,
         Err(payload) => {
             drop_quietly(payload);
-            tracing::warn!(
-                what,
-                "foreign code panicked; the panic was caught and the pool's books are kept"
-            );
+            quietly(|| {
+                tracing::warn!(
+                    what,
+                    "foreign code panicked; the panic was caught and the pool's books are kept"
+                );
+            });
             false
         }
     }

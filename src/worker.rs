@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::pool::Inner;
-use crate::quiet::drop_quietly;
+use crate::quiet::{drop_quietly, quietly};
 use crate::slab::Key;
 use crate::state::{After, State};
 use crate::stop::StopToken;
@@ -76,9 +76,11 @@ impl Inner {
         let mut next = self.wait_for_work(me, slot, true, &mut owed);
         while let Some(task) = next {
             let core = task.core();
-            let span = core.span();
-            let entered = span.enter();
-            tracing::debug!("started");
+            // The job's span and log lines call the tracing subscriber:
+            // foreign code, which must not unwind through this loop.
+            let span = quietly(|| core.span()).unwrap_or_else(tracing::Span::none);
+            let entered = quietly(|| span.enter());
+            quietly(|| tracing::debug!("started"));
             let stop = StopToken::from_source(task.clone());
             let mut following = None;
             let mut ran = Duration::ZERO;
@@ -123,8 +125,9 @@ impl Inner {
             });
             crate::sync::set_current_job(None);
             drop(stop);
-            log_finished(core, panicked, ran);
-            drop(entered);
+            quietly(|| log_finished(core, panicked, ran));
+            quietly(move || drop(entered));
+            quietly(move || drop(span));
             self.after(after);
             let group = core.membership().map(|m| m.group);
             // Drops a detached job's result: user code, caught if it panics.
@@ -144,7 +147,7 @@ impl Inner {
                 next = self.wait_for_work(me, slot, true, &mut owed);
             }
         }
-        tracing::trace!("worker thread exiting");
+        quietly(|| tracing::trace!("worker thread exiting"));
     }
 
     /// Folds one run time into the moving average callers spin by.
@@ -186,7 +189,9 @@ impl Inner {
                 let spawned = self.provide_worker(&mut s, worker, &mut after);
                 drop(s);
                 if let Err(e) = spawned {
-                    tracing::debug!(error = %e, "could not spawn another worker; queued jobs wait for busy ones");
+                    quietly(
+                        || tracing::debug!(error = %e, "could not spawn another worker; queued jobs wait for busy ones"),
+                    );
                 }
                 self.after(after);
                 return Some(task);

@@ -1,7 +1,9 @@
-//! The intake's "accepted" line runs after the job is in the intake
-//! (ARCHITECTURE.md "The intake"): a tracing subscriber that calls into the
-//! pool there, or panics, must not stop a shutdown or leave a place in the
-//! queue bound reserved for good. Regressions from a hostile review.
+//! A tracing subscriber is foreign code. The intake's "accepted" line runs
+//! after the job is in the intake (ARCHITECTURE.md "The intake"): a
+//! subscriber that calls into the pool there, or panics, must not stop a
+//! shutdown or leave a place in the queue bound reserved for good
+//! (regressions from a hostile review). And a subscriber that panics on a
+//! worker thread must not kill the worker.
 //!
 //! Its own test binary: it installs a process-wide subscriber (a
 //! thread's own subscriber misses events whose call sites another thread
@@ -16,7 +18,24 @@ use std::thread::ThreadId;
 use offloader::Offloader;
 use support::*;
 
-type Armed = Mutex<Vec<(ThreadId, Box<dyn FnOnce() + Send>)>>;
+/// A thread, by id or (a pool's) by name.
+#[derive(PartialEq)]
+enum Who {
+    Id(ThreadId),
+    Named(&'static str),
+}
+
+impl Who {
+    fn is_current(&self) -> bool {
+        let me = std::thread::current();
+        match self {
+            Who::Id(id) => *id == me.id(),
+            Who::Named(name) => me.name() == Some(name),
+        }
+    }
+}
+
+type Armed = Mutex<Vec<(Who, Box<dyn FnOnce() + Send>)>>;
 
 /// What to run at the next event of a thread, per thread (the process-wide
 /// subscriber runs it).
@@ -24,12 +43,11 @@ fn armed() -> &'static Armed {
     static ARMED: OnceLock<Armed> = OnceLock::new();
     ARMED.get_or_init(|| {
         tracing::subscriber::set_global_default(OnEvents(|_: &tracing::Event<'_>| {
-            let me = std::thread::current().id();
             let hook = {
                 let mut armed = armed()
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let at = armed.iter().position(|(t, _)| *t == me);
+                let at = armed.iter().position(|(who, _)| who.is_current());
                 at.map(|i| armed.swap_remove(i).1)
             };
             if let Some(hook) = hook {
@@ -54,7 +72,7 @@ fn offer_traced(
         armed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((std::thread::current().id(), Box::new(on_event)));
+            .push((Who::Id(std::thread::current().id()), Box::new(on_event)));
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pool.offload(move |_stop| {
                 ran.fetch_add(1, Ordering::SeqCst);
@@ -158,7 +176,7 @@ fn a_subscriber_panicking_at_accepted_leaves_no_claimed_worker_parked() {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((
-                std::thread::current().id(),
+                Who::Id(std::thread::current().id()),
                 Box::new(|| panic!("{ON_PURPOSE}")),
             ));
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -177,4 +195,37 @@ fn a_subscriber_panicking_at_accepted_leaves_no_claimed_worker_parked() {
     );
     eventually_blocking("the group's job ran", || ran.load(Ordering::SeqCst) == 1);
     assert_ledger(&pool.metrics());
+}
+
+/// A subscriber that panics at a worker's log line (the job's "started")
+/// leaves the worker running: the job runs, its permit comes back, and the
+/// next job runs on the same worker. It killed the worker, the job never
+/// finished and the pool took no job again.
+#[test]
+fn a_subscriber_panicking_on_a_worker_leaves_the_worker_running() {
+    quiet_deliberate_panics();
+    let pool = builder(1, 16)
+        .thread_name("trc-wpanic")
+        .build()
+        .expect("valid");
+    warm(&pool);
+    armed()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((
+            Who::Named("trc-wpanic"),
+            Box::new(|| panic!("{ON_PURPOSE}")),
+        ));
+    let m = within_blocking(
+        "a job whose start log line panics, then the next one",
+        move || {
+            let job = pool.offload(|_stop| 1).spawn().expect("room");
+            assert_eq!(job.blocking_wait().ok(), Some(1));
+            let next = pool.offload(|_stop| 2).spawn().expect("room");
+            assert_eq!(next.blocking_wait().ok(), Some(2));
+            pool.metrics()
+        },
+    );
+    assert_ledger(&m);
+    assert_eq!((m.completed, m.running, m.workers), (3, 0, 1));
 }

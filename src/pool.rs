@@ -212,8 +212,9 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     /// The one lock (ARCHITECTURE.md "Locks").
     state: Mutex<State>,
-    /// The queue's length, written under the lock, read without it by
-    /// spinning workers (a hint; decisions are re-checked under the lock).
+    /// The count of jobs queued, in the intake or with a place reserved
+    /// (intake.rs inv. 1): the queue bound's reservations; spinning workers
+    /// read it as a hint (decisions are re-checked under the lock).
     pub(crate) queue_count: std::sync::Arc<crate::intake::QueueCount>,
     /// The front door of plain jobs (intake.rs), if this pool has one.
     pub(crate) intake: Option<std::sync::Arc<crate::intake::Intake>>,

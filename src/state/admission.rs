@@ -43,7 +43,7 @@ impl State {
         let mut settled = false;
         let reserved = loop {
             let (counted, seen) = self.count.exact(self.left);
-            let ahead = counted.saturating_sub(self.queued + self.reserved);
+            let ahead = self.intake_ahead(counted);
             // Queued jobs that a free permit would start now are not
             // waiting; jobs ahead of this one take free permits first.
             let free = self.free_permits();

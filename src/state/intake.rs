@@ -14,7 +14,7 @@ impl State {
     /// wakes the next one when it is admitted itself.
     pub(crate) fn drain_intake(&mut self) {
         let mut after = After::default();
-        while let Some(task) = self.intake.pop() {
+        while let Some(task) = self.intake.as_ref().and_then(|i| i.pop()) {
             self.accept(task, &mut after);
         }
         after.room = Room::None;
@@ -22,11 +22,11 @@ impl State {
     }
 
     /// Opens or closes the intake after a change that may decide it: open
-    /// while plain jobs may pass it (`fast`), the pool is not shut down, no
+    /// while plain jobs may pass it (the pool has one), the pool is not shut down, no
     /// caller waits for room (they come first), and a worker lives (the
     /// last one closes it before it goes: `may_retire`).
     pub(crate) fn refresh_intake(&mut self) {
-        if !self.fast {
+        if self.intake.is_none() {
             return;
         }
         let open = !self.shutdown && self.room_waiters == 0 && self.workers > 0;
@@ -48,7 +48,7 @@ impl State {
         let mut round = 0u32;
         loop {
             self.drain_intake();
-            if self.intake_ahead() == 0 {
+            if self.intake_ahead(self.count.exact(self.left).0) == 0 {
                 return;
             }
             round += 1;
@@ -60,23 +60,20 @@ impl State {
         }
     }
 
-    /// Jobs counted but not yet in the queue: in the intake, or with a
-    /// place reserved at it (filled soon, or given back).
-    pub(super) fn intake_ahead(&self) -> usize {
-        // The count is the queued jobs, the intake's, the places reserved
-        // at it, and those reserved under this lock.
-        self.count
-            .exact(self.left)
-            .0
-            .saturating_sub(self.queued + self.reserved)
+    /// Of `counted` (the count's exact value), the jobs not yet in the
+    /// queue: in the intake, or with a place reserved at it (filled soon,
+    /// or given back). The count is the queued jobs, the intake's, the
+    /// places reserved at it, and those reserved under this lock.
+    pub(super) fn intake_ahead(&self, counted: usize) -> usize {
+        counted.saturating_sub(self.queued + self.reserved)
     }
 
     /// Publishes the workers' counts to submitters at the intake
     /// (intake.rs inv. 2): searching, and parked or not yet spawned.
     pub(super) fn publish_workers(&self) {
-        if self.fast {
+        if let Some(intake) = &self.intake {
             let wakeable = self.parked_list.len() + self.max_in_flight.saturating_sub(self.workers);
-            self.intake.set_workers(self.searching, wakeable);
+            intake.set_workers(self.searching, wakeable);
         }
     }
 
@@ -84,7 +81,7 @@ impl State {
     /// critical section began join the queue now, so the worker sees them
     /// (intake.rs inv. 2: it published the change, then looks).
     pub(crate) fn look_at_intake(&mut self) {
-        if self.fast {
+        if self.intake.is_some() {
             crate::sync::fence(crate::sync::Ordering::SeqCst);
             self.drain_intake();
         }
@@ -93,11 +90,11 @@ impl State {
     /// Whether a job waits in the intake (after publishing a change of the
     /// workers' counts: intake.rs inv. 2).
     pub(crate) fn intake_has_jobs(&self) -> bool {
-        if !self.fast {
+        let Some(intake) = &self.intake else {
             return false;
-        }
+        };
         crate::sync::fence(crate::sync::Ordering::SeqCst);
-        !self.intake.is_empty()
+        !intake.is_empty()
     }
 
     /// A reservation made in `admit` is given back: the job was refused
@@ -129,7 +126,7 @@ impl State {
     /// after the worker looked (intake.rs inv. 1); the intake stays closed
     /// if it goes (no worker lives then), and opens again if it stays.
     pub(crate) fn may_retire(&mut self) -> bool {
-        if self.workers == 1 && self.fast {
+        if self.workers == 1 && self.intake.is_some() {
             self.close_intake();
         }
         if self.must_keep_worker() {

@@ -311,10 +311,9 @@ pub(crate) struct State {
     count: std::sync::Arc<crate::intake::QueueCount>,
     /// Jobs that left the queue, ever (wrapping): `count`'s other half.
     left: usize,
-    /// The pool's intake (intake.rs); used only if `fast`.
-    intake: std::sync::Arc<crate::intake::Intake>,
-    /// Plain jobs may pass the intake: no observer, no stuck-job monitor.
-    fast: bool,
+    /// The pool's intake (intake.rs), if plain jobs may pass one: no
+    /// observer, no stuck-job monitor.
+    intake: Option<std::sync::Arc<crate::intake::Intake>>,
     /// Places reserved in `admit` whose jobs are not yet accepted (within
     /// one critical section).
     reserved: usize,
@@ -377,9 +376,8 @@ impl State {
             counts: Counts::default(),
             count,
             left: 0,
-            fast: intake.is_some(),
             reserved: 0,
-            intake: intake.unwrap_or_else(|| std::sync::Arc::new(crate::intake::Intake::new())),
+            intake,
         }
     }
 

@@ -100,22 +100,34 @@ async fn the_queue_bound_holds_for_many_threads_at_the_intake() {
     }
 }
 
+/// Round `round` of a shutdown racing the intake: a warm pool of 1–3
+/// permits, two submitters released together with `shut` (which shuts the
+/// pool down), and the pool's termination awaited. Returns the pool, the
+/// runs counted and the jobs accepted.
+fn shutdown_race(
+    round: usize,
+    shut: impl FnOnce(&Offloader),
+) -> (Offloader, Arc<AtomicUsize>, Vec<offloader::JobHandle<()>>) {
+    let pool = pool(1 + round % 3, 1 << 16);
+    warm(&pool);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let accepted = race(&pool, 2, 5_000, &ran, || shut(&pool));
+    assert!(
+        within_blocking("termination", {
+            let pool = pool.clone();
+            move || pool.blocking_await_termination(None)
+        }),
+        "terminated"
+    );
+    (pool, ran, accepted)
+}
+
 /// ARCH 4 and 6 (intake.rs inv. 1): plain jobs offered while a graceful
 /// shutdown begins are refused or run, never accepted and lost.
 #[test]
 fn a_shutdown_racing_the_intake_runs_or_refuses_every_job() {
     for round in 0..40 {
-        let pool = pool(1 + round % 3, 1 << 16);
-        warm(&pool);
-        let ran = Arc::new(AtomicUsize::new(0));
-        let accepted = race(&pool, 2, 5_000, &ran, || pool.shutdown());
-        assert!(
-            within_blocking("termination", {
-                let pool = pool.clone();
-                move || pool.blocking_await_termination(None)
-            }),
-            "terminated"
-        );
+        let (pool, ran, accepted) = shutdown_race(round, Offloader::shutdown);
         for job in accepted.iter() {
             assert!(job.is_finished());
         }
@@ -131,17 +143,10 @@ fn a_shutdown_racing_the_intake_runs_or_refuses_every_job() {
 #[test]
 fn shutdown_now_racing_the_intake_runs_or_reports_every_job() {
     for round in 0..40 {
-        let pool = pool(1 + round % 3, 1 << 16);
-        warm(&pool);
-        let ran = Arc::new(AtomicUsize::new(0));
         let reported = Mutex::new(0);
-        let accepted = race(&pool, 2, 5_000, &ran, || {
+        let (pool, ran, accepted) = shutdown_race(round, |pool| {
             *reported.lock().expect("not poisoned") = pool.shutdown_now().len();
         });
-        assert!(within_blocking("termination", {
-            let pool = pool.clone();
-            move || pool.blocking_await_termination(None)
-        }));
         let reported = *reported.lock().expect("not poisoned");
         let m = pool.metrics();
         assert_ledger(&m);

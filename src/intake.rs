@@ -1,8 +1,8 @@
 //! The intake: the pool's front door for plain jobs, which a submitter
 //! passes without taking the pool lock (ARCHITECTURE.md "The intake").
 //!
-//! A *plain* job is one of no group and no limiter (its name, key,
-//! timeout or deadline do not matter), not following a token cancelled
+//! A *plain* job is one of no group (its name, key, limiters, timeout or
+//! deadline do not matter), not following a token cancelled
 //! already, in a pool without an observer or a stuck-job monitor: nothing
 //! about its admission but the queue bound and the shutdown needs the
 //! pool's state. While the intake is *open*, such a job is appended to
@@ -337,29 +337,36 @@ mod tests {
         assert!(intake.is_empty(), "the snapshot's lock moved it");
         assert_eq!((m.accepted, m.queued), (2, 1));
         assert!(m.ledger_balances());
-        // A named and keyed job passes it too; one needing a limiter takes
-        // the lock, which moves the first into the queue ahead of it.
+        // A named and keyed job passes it too, and one needing a limiter
+        // (counted as waiting by its submitter); one of a group takes the
+        // lock, which moves the others into the queue ahead of it.
         let named = pool
             .offload(|_stop| 8)
             .name("named")
             .key("k")
             .spawn()
             .expect("accepted");
-        assert!(!intake.is_empty());
         let limiter = crate::Limiter::new(4);
         let limited = pool
             .offload(|_stop| 9)
             .limiter(&limiter)
             .spawn()
             .expect("accepted");
-        assert!(intake.is_empty());
+        assert_eq!(limiter.stats().waiting, 1, "counted as it passed");
         assert_eq!(counted(&pool), 3);
-        assert_eq!(limiter.stats().waiting, 1, "counted as it was accepted");
+        assert!(!intake.is_empty());
+        let group = pool.group();
+        let grouped = group.offload(|_stop| 10).spawn().expect("accepted");
+        assert!(intake.is_empty());
+        assert_eq!(counted(&pool), 4);
+        assert_eq!(limiter.stats().waiting, 1, "counted once");
         go.send(()).expect("the blocker waits");
         assert!(blocker.blocking_wait().is_ok());
         assert_eq!(job.blocking_wait().ok(), Some(7));
         assert_eq!(named.blocking_wait().ok(), Some(8));
         assert_eq!(limited.blocking_wait().ok(), Some(9));
+        assert_eq!(grouped.blocking_wait().ok(), Some(10));
+        assert_eq!(limiter.stats().waiting, 0);
         assert_eq!(counted(&pool), 0);
     }
 

@@ -19,11 +19,10 @@ impl Inner {
         let Some(intake) = &self.intake else {
             return Err(task);
         };
-        // A group's admission (stopped? closed?) and a limiter's count of
-        // the jobs waiting for it are decided with the job's accept, under
-        // the lock; so is a job cancelled as it is accepted.
+        // A group's admission (stopped? closed?) is decided with the job's
+        // accept, under the lock; so is a job cancelled as it is accepted.
         let core = task.core();
-        if cancelled || core.membership().is_some() || !core.limiters().is_empty() {
+        if cancelled || core.membership().is_some() {
             return Err(task);
         }
         if !self
@@ -37,6 +36,7 @@ impl Inner {
         // the push under the pool lock (intake.rs inv. 1). And the log
         // lines come last, after the job has its worker.
         let accepted = task.clone();
+        crate::limiter::count_joined(core.limiters());
         intake.push(task);
         let mut spawn_error = None;
         if intake.needs_worker() {

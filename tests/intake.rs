@@ -1,5 +1,6 @@
 //! The intake (src/intake.rs, ARCHITECTURE.md "The intake"): a job of no
-//! group and no limiter is accepted without the pool lock. Everything the locked path promises still holds: the
+//! group is accepted without the pool lock. Everything the locked path
+//! promises still holds: the
 //! queue bound, FIFO across both kinds of job, the ledger in every
 //! snapshot, refuse-or-run at shutdown, a worker for every job.
 
@@ -9,34 +10,39 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use offloader::{Offloader, Rejected};
+use offloader::{Limiter, Offloader, Rejected};
 use support::*;
 
-/// Runs `submitters` threads that each offer plain jobs (counting their
-/// runs in `ran`) until one is refused or `each` were accepted, released
-/// together with `then` on the calling thread; returns the jobs accepted.
+/// Runs `submitters` threads that each offer jobs (counting their runs in
+/// `ran`; every other one needing `limiter`, if given) until one is
+/// refused or `each` were accepted, released together with `then` on the
+/// calling thread; returns the jobs accepted.
 fn race(
     pool: &Offloader,
     submitters: usize,
     each: usize,
     ran: &Arc<AtomicUsize>,
+    limiter: Option<&Limiter>,
     then: impl FnOnce(),
 ) -> Vec<offloader::JobHandle<()>> {
     let start = Arc::new(Barrier::new(submitters + 1));
     let threads: Vec<_> = (0..submitters)
         .map(|_| {
             let (pool, ran, start) = (pool.clone(), ran.clone(), start.clone());
+            let limiter = limiter.cloned();
             std::thread::spawn(move || {
                 start.wait();
                 let mut accepted = Vec::new();
-                for _ in 0..each {
+                for i in 0..each {
                     let ran = ran.clone();
-                    match pool
-                        .offload(move |_stop| {
-                            ran.fetch_add(1, Ordering::SeqCst);
-                        })
-                        .spawn()
-                    {
+                    let job = pool.offload(move |_stop| {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    });
+                    let job = match &limiter {
+                        Some(l) if i % 2 == 1 => job.limiter(l),
+                        _ => job,
+                    };
+                    match job.spawn() {
                         Ok(job) => accepted.push(job),
                         Err(refused) => {
                             assert!(
@@ -87,7 +93,7 @@ async fn the_queue_bound_holds_for_many_threads_at_the_intake() {
         let pool = pool(1, capacity);
         let held = occupy(&pool, 1).await;
         let ran = Arc::new(AtomicUsize::new(0));
-        let accepted = race(&pool, 4, 200, &ran, || ());
+        let accepted = race(&pool, 4, 200, &ran, None, || ());
         assert_eq!(accepted.len(), capacity);
         let m = pool.metrics();
         assert_ledger(&m);
@@ -102,8 +108,9 @@ async fn the_queue_bound_holds_for_many_threads_at_the_intake() {
 
 /// Round `round` of a shutdown racing the intake: a warm pool of 1–3
 /// permits, two submitters released together with `shut` (which shuts the
-/// pool down), and the pool's termination awaited. Returns the pool, the
-/// runs counted and the jobs accepted.
+/// pool down), every other job needing a limiter of 2 permits, and the
+/// pool's termination awaited; the limiter then counts no job waiting or
+/// running. Returns the pool, the runs counted and the jobs accepted.
 fn shutdown_race(
     round: usize,
     shut: impl FnOnce(&Offloader),
@@ -111,7 +118,8 @@ fn shutdown_race(
     let pool = pool(1 + round % 3, 1 << 16);
     warm(&pool);
     let ran = Arc::new(AtomicUsize::new(0));
-    let accepted = race(&pool, 2, 5_000, &ran, || shut(&pool));
+    let limiter = Limiter::new(2);
+    let accepted = race(&pool, 2, 5_000, &ran, Some(&limiter), || shut(&pool));
     assert!(
         within_blocking("termination", {
             let pool = pool.clone();
@@ -119,6 +127,8 @@ fn shutdown_race(
         }),
         "terminated"
     );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.in_use), (0, 0), "round {round}");
     (pool, ran, accepted)
 }
 
@@ -157,6 +167,56 @@ fn shutdown_now_racing_the_intake_runs_or_reports_every_job() {
             "round {round}"
         );
     }
+}
+
+/// A job needing a limiter passes the intake: its limiter counts it as
+/// waiting as soon as `spawn` returns, it waits in its own lane while the
+/// limiter is full (holding back no plain job), and the jobs it waits with
+/// start in submission order once a permit comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_job_passes_the_intake_and_waits_for_its_limiter() {
+    let pool = pool(2, 64);
+    warm(&pool);
+    let limiter = Limiter::new(1);
+    let (gate, hold) = gate();
+    let (started, mut entered) = signal();
+    let holder = pool
+        .offload(move |_stop| {
+            let _ = started.send(());
+            hold.wait();
+        })
+        .limiter(&limiter)
+        .spawn()
+        .expect("room");
+    recv("the holder started", &mut entered).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let jobs: Vec<_> = (0..10)
+        .map(|i| {
+            let order = order.clone();
+            pool.offload(move |_stop| order.lock().expect("not poisoned").push(i))
+                .limiter(&limiter)
+                .spawn()
+                .expect("room")
+        })
+        .collect();
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.in_use), (10, 1));
+    // The second permit runs a plain job offered after them.
+    within("a plain job", pool.offload(|_stop| 5))
+        .await
+        .expect("runs");
+    assert_eq!(limiter.stats().waiting, 10);
+    gate.open();
+    within("the holder", holder).await.expect("runs");
+    for job in jobs {
+        within("a limited job", job).await.expect("runs");
+    }
+    assert_eq!(
+        *order.lock().expect("not poisoned"),
+        (0..10).collect::<Vec<_>>()
+    );
+    let stats = limiter.stats();
+    assert_eq!((stats.waiting, stats.in_use, stats.high_water), (0, 0, 1));
 }
 
 /// FIFO across both doors: jobs passing the intake (plain, named, with a
@@ -268,7 +328,7 @@ fn snapshots_balance_while_jobs_pass_the_intake() {
             seen
         })
     };
-    let accepted = race(&pool, 2, 20_000, &ran, || ());
+    let accepted = race(&pool, 2, 20_000, &ran, None, || ());
     let n = accepted.len();
     for job in accepted {
         assert!(job.blocking_wait().is_ok());

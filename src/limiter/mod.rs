@@ -192,12 +192,6 @@ impl Limiter {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A job that needs this limiter was queued.
-    pub(crate) fn count_joined(&self) {
-        // ORDERING: a metric (see `stats`).
-        self.shared.joined.fetch_add(1, StdOrdering::Relaxed);
-    }
-
     /// A queued job that needs this limiter left the queue without
     /// starting (a start counts itself when it takes its permit).
     pub(crate) fn count_left(&self) {
@@ -318,6 +312,15 @@ pub(crate) fn try_acquire_all(limiters: &[Limiter], pool: &PoolRef) -> Result<()
         s.take_one(pool);
     }
     Ok(())
+}
+
+/// A job that needs `limiters` was accepted: each counts it as waiting
+/// until it starts or leaves the queue (`count_left`).
+pub(crate) fn count_joined(limiters: &[Limiter]) {
+    for l in limiters {
+        // ORDERING: a metric (see `stats`).
+        l.shared.joined.fetch_add(1, StdOrdering::Relaxed);
+    }
 }
 
 /// Gives back one permit of each of `limiters` (M1) and grants it to the

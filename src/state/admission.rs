@@ -96,9 +96,12 @@ impl State {
             .saturating_sub(self.free_permits().min(self.startable_queued))
     }
 
-    /// Transition *accept* of a job admitted in this critical section.
+    /// Transition *accept* of a job admitted in this critical section. Its
+    /// limiters count it as waiting from here (a job at the intake is
+    /// counted by its submitter, before the push).
     pub(crate) fn accept_admitted(&mut self, task: Arc<dyn Task>, after: &mut After) {
         self.reserved -= 1;
+        crate::limiter::count_joined(task.core().limiters());
         self.accept(task, after);
     }
 

@@ -159,9 +159,6 @@ impl State {
                 slot
             }
         };
-        for limiter in core.limiters() {
-            limiter.count_joined();
-        }
         if let Some(l) = self.lanes.get_mut(lane) {
             self.jobs.push_back(&mut l.jobs, job);
             l.queued += 1;

@@ -890,6 +890,9 @@ async fn the_worker_kept_for_a_blocked_job_retires_once_the_job_is_gone() {
 /// pool lock and parked again, a busy loop for as long as the limiter
 /// stayed full (found by a hostile review: about a quarter of a core).
 /// Counted in its own thread's CPU ticks over half a second of waiting.
+/// The worker is still there after that window, in which its zero
+/// keep-alive expired at once (kills the mutant of `may_retire` that lets
+/// the last worker go with a job queued).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_kept_for_a_blocked_job_sleeps() {
     let pool = builder(2, 16)
@@ -912,6 +915,8 @@ async fn the_worker_kept_for_a_blocked_job_sleeps() {
         spent <= 2,
         "the kept worker used {spent} ticks in 500 ms of waiting"
     );
+    assert_eq!(pool.metrics().workers, 1, "the kept worker stayed");
+    assert_eq!(threads_named("kept-sleeper"), 1);
     l.set_permits(1);
     assert_eq!(
         within("the job, once a permit is given", job)

@@ -228,6 +228,49 @@ async fn a_timed_out_room_waiter_is_refused_full_when_the_observer_keeps_up() {
     assert_eq!(within("the first job", admitted).await.unwrap(), "first");
 }
 
+/// A caller that gives up waiting for room while the queue is full *and*
+/// the observer lags is refused `FullUntilTimeout`: room, not the
+/// observer, is what it waited for, and the observer catching up would not
+/// let it in (kills the mutant of `waiting_for_permit` that counts one
+/// waiting job whatever the queue holds, which reported `ObserverBehind`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_timed_out_on_a_full_queue_is_refused_full_though_the_observer_lags() {
+    let (observer_gate, hold) = gate();
+    let pool = builder(1, 2)
+        .observer(Arc::new(HoldsFirst(hold, Default::default())))
+        .observer_lag(4)
+        .build()
+        .expect("valid configuration");
+    let occupied = occupy(&pool, 1).await;
+    let queued: Vec<_> = (0..2)
+        .map(|i| pool.offload(move |_| i).spawn().expect("room for two"))
+        .collect();
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running), (2, 1), "{m:?}");
+    assert!(
+        m.events_pending >= 4,
+        "the observer lags its full lag: {m:?}"
+    );
+    let err = within(
+        "the caller's timeout",
+        pool.offload(|_| 9).with_timeout(SHORT).submit(),
+    )
+    .await
+    .expect_err("the queue stays full");
+    assert!(
+        matches!(err.reason(), Rejected::FullUntilTimeout { capacity: 2, .. }),
+        "{:?}",
+        err.reason()
+    );
+    let m = pool.metrics();
+    assert_eq!((m.rejected_full, m.rejected_observer), (1, 0), "{m:?}");
+    observer_gate.open();
+    occupied.release().await;
+    for (i, job) in queued.into_iter().enumerate() {
+        assert_eq!(within("a queued job", job).await.unwrap(), i);
+    }
+}
+
 /// An observer that holds the delivery thread on a gate at its first event.
 struct HoldsFirst(Hold, std::sync::atomic::AtomicBool);
 

@@ -185,8 +185,11 @@ impl ClockHolds {
     pub(crate) fn wake_if_dormant(self: &std::sync::Arc<Self>) {
         // ORDERING: set under the holds' lock before the task ends; a stale
         // `false` means no dormant hold was seen yet, and the task that
-        // made it dormant re-checks the stall after setting it.
-        if !self.dormant.load(std::sync::atomic::Ordering::Acquire) {
+        // made it dormant re-checks the stall after setting it. The
+        // process-wide flag, set first and never cleared, is looked at
+        // first: read-only outside paused test clocks, its line is never
+        // taken away from the submitters and workers that read it.
+        if !any_dormant() || !self.dormant.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
         let runtime = {

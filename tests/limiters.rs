@@ -406,50 +406,6 @@ async fn a_job_waiting_for_a_limiter_outlives_its_dropped_pool() {
     assert_eq!(l.stats().waiting, 0);
 }
 
-/// Offers jobs needing `l` to `p` until one is refused (which must be for
-/// a full queue); returns those accepted.
-fn offer_until_full(p: &Offloader, l: &Limiter) -> Vec<JobHandle<()>> {
-    let mut accepted = Vec::new();
-    for _ in 0..200 {
-        match p.offload(|_| ()).limiter(l).spawn() {
-            Ok(job) => accepted.push(job),
-            Err(refused) => {
-                assert!(refused.reason().to_string().contains("full"), "{refused}");
-                return accepted;
-            }
-        }
-    }
-    panic!("200 jobs accepted past a bound of 4");
-}
-
-/// Invariant 8 and L5: jobs needing a limiter count as waiting until they
-/// start, also while no worker has yet found the limiter full and with
-/// every permit free, and after a cancel of the front job readies their
-/// lane (found by a hostile review: at `max_in_flight(64)` a bound of 4
-/// let 68 in, and a cancel let the next submissions in up to twice the
-/// bound).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_needing_a_full_limiter_fill_the_bound_exactly() {
-    for max_in_flight in [1, 4, 64] {
-        let p = pool(max_in_flight, 4);
-        warm(&p);
-        let l = Limiter::new(0);
-        let mut accepted = offer_until_full(&p, &l);
-        assert_eq!(accepted.len(), 4, "max_in_flight {max_in_flight}");
-        assert!(accepted.remove(0).cancel());
-        accepted.extend(offer_until_full(&p, &l));
-        assert_eq!(accepted.len(), 4, "max_in_flight {max_in_flight}");
-        let m = p.metrics();
-        assert_eq!((m.queued, m.rejected_full), (4, 2), "{m:?}");
-        assert_eq!(l.stats().waiting, 4);
-        l.set_permits(1);
-        for job in accepted {
-            within("a limited job", job).await.expect("runs");
-        }
-        assert_settled(&l);
-    }
-}
-
 /// A caller waiting for room is let in when a job held back by a limiter
 /// starts (it counted as waiting: L5), not only when a job finishes (found
 /// by a hostile review).

@@ -91,7 +91,7 @@ impl State {
 
     /// Queued jobs that a free permit would not start now: beyond the free
     /// permits, or held back by their lane's limit or a limiter (L5).
-    pub(super) fn waiting_for_permit(&self) -> usize {
+    fn waiting_for_permit(&self) -> usize {
         self.queued
             .saturating_sub(self.free_permits().min(self.startable_queued))
     }

@@ -54,9 +54,6 @@ pub(super) struct Lane {
     pub(super) jobs: List,
     /// Its `Queued` jobs.
     pub(super) queued: usize,
-    /// Of those, the jobs that need a limiter (L5: while there is one, the
-    /// lane's jobs count as waiting).
-    limited: usize,
     /// Its cancelled jobs still linked in `jobs`.
     pub(super) tombstones: usize,
     /// Its `Running` jobs.
@@ -86,7 +83,6 @@ impl Lane {
             id,
             jobs: List::default(),
             queued: 0,
-            limited: 0,
             tombstones: 0,
             running: 0,
             limit,
@@ -166,7 +162,6 @@ impl State {
         if let Some(l) = self.lanes.get_mut(lane) {
             self.jobs.push_back(&mut l.jobs, job);
             l.queued += 1;
-            l.limited += usize::from(!core.limiters().is_empty());
             if std::mem::take(&mut l.idle) {
                 self.lanes.unlink(&mut self.idle_lanes, lane);
             }
@@ -259,11 +254,9 @@ impl State {
                 // The pool permit promised to the grant is this start's.
                 self.readied -= 1;
             }
-            let limited = usize::from(!limiters.is_empty());
             let passed = woken.filter(|w| !limiters.contains(w));
             self.jobs.unlink(&mut lane.jobs, key);
             lane.queued -= 1;
-            lane.limited -= limited;
             lane.running += 1;
             // L2: the lane's turn is over; it rejoins at the back.
             if lane.in_ring {
@@ -313,17 +306,10 @@ impl State {
     }
 
     /// A queued job of `core` left the queue without starting (cancelled
-    /// or drained): its limiters stop counting it as waiting, and so does
-    /// its lane (L5).
+    /// or drained): its limiters stop counting it as waiting.
     pub(super) fn lane_left_queue(&mut self, core: &JobCore) {
-        if core.limiters().is_empty() {
-            return;
-        }
         for limiter in core.limiters() {
             limiter.count_left();
-        }
-        if let Some(l) = self.lanes.get_mut(Self::lane_of(core)) {
-            l.limited -= 1;
         }
     }
 
@@ -357,10 +343,8 @@ impl State {
         let newly_idle = lane_key != DEFAULT_LANE
             && lane.is_unused()
             && !std::mem::replace(&mut lane.idle, true);
-        // L5: the jobs of this lane a free permit would start now; none
-        // while it holds a job that needs a limiter, whose permits are not
-        // known without the limiter's lock (and other pools take them).
-        let contrib = if startable && lane.limited == 0 {
+        // L5: the jobs of this lane a free permit would start now.
+        let contrib = if startable {
             lane.queued.min(lane.limit - lane.running)
         } else {
             0

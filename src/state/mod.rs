@@ -57,14 +57,9 @@
 //!   only while its front job's limiter has no permit that another of this
 //!   pool's lanes was readied for.
 //! - **L5 (waiting counts lanes).** `startable_queued` is the sum, over
-//!   the lanes in the ring that hold no queued job needing a limiter, of
-//!   `min(queued, limit - running)`: the queued jobs a free permit would
-//!   start now; `lane_update` keeps each lane's share (`contrib`), and a
-//!   blocked lane's is zero. A job needing a limiter counts as waiting
-//!   until it starts, and so do the jobs of its lane: whether the limiter
-//!   has a permit is known only under its lock, and other pools take its
-//!   permits (a lane found startable could otherwise let `max_in_flight`
-//!   jobs past the bound before a worker finds the limiter full). Admission counts as
+//!   the lanes in the ring, of `min(queued, limit - running)`: the queued
+//!   jobs a free permit would start now; `lane_update` keeps each lane's
+//!   share (`contrib`) and a blocked lane's is zero. Admission counts as
 //!   waiting every queued job beyond `min(free permits, startable_queued)`
 //!   (so a key's jobs held back by its limit fill the queue bound), and
 //!   admits beyond the bound a job that would start at once (invariant 8).
@@ -429,7 +424,7 @@ impl State {
         self.lane_own_wait_ended(mark);
     }
 
-    pub(super) fn room_freed(&self, after: &mut After) {
+    fn room_freed(&self, after: &mut After) {
         if self.room_waiters > 0 && after.room == Room::None {
             after.room = Room::One;
         }

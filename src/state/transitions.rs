@@ -23,7 +23,6 @@ impl State {
         if self.draining {
             return None;
         }
-        let waiting = self.waiting_for_permit();
         // L2: the front job of the lane whose turn it is; S2: it is
         // `Queued` (tombstones were passed over).
         let (key, passed) = self.lane_pop(after)?;
@@ -34,14 +33,10 @@ impl State {
         self.queued -= 1;
         self.left_queue(1);
         self.group_moved(core, QUEUED, RUNNING);
+        // No room frees: the job moves from waiting to running, and the
+        // bound is on jobs beyond the free permits.
         debug_assert!(self.running.len() < self.max_in_flight, "S1");
         self.jobs.push_back(&mut self.running, key);
-        // Room frees only if the job counted as waiting (L5: it or a job
-        // of its lane needed a limiter); a job a free permit was to start
-        // moves from not waiting to running.
-        if self.waiting_for_permit() < waiting {
-            self.room_freed(after);
-        }
         self.counts.max_running = self.counts.max_running.max(self.running.len() as u64);
         self.counts.queue_wait_total += core.mark_started(now);
         // Only now: the start holds its pool permit (lanes.rs `lane_pop`).

@@ -406,6 +406,110 @@ async fn a_job_waiting_for_a_limiter_outlives_its_dropped_pool() {
     assert_eq!(l.stats().waiting, 0);
 }
 
+/// Offers `n` jobs made by `job`; returns those accepted (every refusal
+/// must be for a full queue).
+fn offer<T, F>(
+    n: usize,
+    mut job: impl FnMut() -> Result<JobHandle<T>, offloader::SubmitError<F>>,
+) -> Vec<JobHandle<T>> {
+    let mut accepted = Vec::new();
+    for _ in 0..n {
+        match job() {
+            Ok(h) => accepted.push(h),
+            Err(refused) => assert!(refused.reason().to_string().contains("full"), "{refused}"),
+        }
+    }
+    accepted
+}
+
+/// Invariant 8 with limiters, as the pool keeps it (ARCHITECTURE.md
+/// "Shared limiters"): a lane of jobs needing a limiter counts as about to
+/// start until a worker finds the limiter full, so at most `max_in_flight`
+/// jobs more than the bound get in meanwhile, never an unbounded number:
+/// plain jobs of a key behind a job of that key waiting for a limiter of
+/// no permits fill the bound like any waiting job (a version that counted
+/// such lanes as waiting let 201 of 201 in at a bound of 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_jobs_behind_a_limited_job_of_their_key_fill_the_bound() {
+    let (max_in_flight, capacity) = (4, 2);
+    let p = pool(max_in_flight, capacity);
+    warm(&p);
+    let l = Limiter::new(0);
+    let front = p.offload(|_| ()).key("k").limiter(&l).spawn().unwrap();
+    let behind = offer(200, || p.offload(|_| ()).key("k").spawn());
+    assert!(
+        behind.len() < capacity + max_in_flight,
+        "{} got in",
+        behind.len()
+    );
+    l.set_permits(1);
+    within("the front job", front).await.unwrap();
+    for job in behind {
+        within("a job behind it", job).await.unwrap();
+    }
+    assert_settled(&l);
+}
+
+/// Jobs needing a limiter of free permits, offered in a burst while pool
+/// permits are free, start at once and are not refused for a full queue
+/// (invariant 8: they are not waiting); a version that counted them as
+/// waiting took 4 to 12 of 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_limited_jobs_with_free_permits_is_not_refused() {
+    let p = pool(64, 4);
+    warm(&p);
+    let l = Limiter::new(1000);
+    let (gate, hold) = gate();
+    let jobs = offer(50, || {
+        let hold = hold.clone();
+        p.offload(move |_| hold.wait()).limiter(&l).spawn()
+    });
+    assert_eq!(jobs.len(), 50);
+    gate.open();
+    for job in jobs {
+        within("a limited job", job).await.unwrap();
+    }
+    assert_settled(&l);
+}
+
+/// A job of a key needing a limiter of no permits, behind plain jobs of
+/// that key that take every pool permit, does not make room for more
+/// plain jobs than the bound: once they run, at most the bound is queued
+/// (a version that counted that key's lane as waiting left 9 queued at a
+/// bound of 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_job_does_not_hide_the_plain_jobs_ahead_of_it() {
+    let (max_in_flight, capacity) = (8, 1);
+    let p = pool(max_in_flight, capacity);
+    warm(&p);
+    let l = Limiter::new(0);
+    let (gate, hold) = gate();
+    let mut jobs = offer(max_in_flight, || {
+        let hold = hold.clone();
+        p.offload(move |_| hold.wait()).key("a").spawn()
+    });
+    let limited = p.offload(|_| ()).key("a").limiter(&l).spawn();
+    jobs.extend(offer(max_in_flight, || {
+        let hold = hold.clone();
+        p.offload(move |_| hold.wait()).spawn()
+    }));
+    eventually("every permit taken", || {
+        p.metrics().running == max_in_flight as u64
+    })
+    .await;
+    let m = p.metrics();
+    assert!(m.queued <= capacity as u64, "{m:?}");
+    gate.open();
+    l.set_permits(1);
+    for job in jobs {
+        within("a held job", job).await.unwrap();
+    }
+    if let Ok(job) = limited {
+        within("the limited job", job).await.unwrap();
+    }
+    assert_settled(&l);
+}
+
 /// A caller waiting for room is let in when a job held back by a limiter
 /// starts (it counted as waiting: L5), not only when a job finishes (found
 /// by a hostile review).

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::quiet::call_quietly;
 use crate::state::{After, Room, State, Worker};
 use crate::stop::StopToken;
-use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard, Padded};
 use crate::wait_list::WaitList;
 
 /// A pool that runs blocking functions on its own worker threads, holding a
@@ -111,7 +111,7 @@ impl Offloader {
             Inner {
                 me: me.clone(),
                 config,
-                state: Mutex::new(state),
+                state: Padded(Mutex::new(state)),
                 queue_count: count,
                 intake,
                 changed: Condvar::new(),
@@ -210,8 +210,10 @@ impl fmt::Debug for Offloader {
 /// What every clone of a pool and every job handle share.
 pub(crate) struct Inner {
     pub(crate) config: Config,
-    /// The one lock (ARCHITECTURE.md "Locks").
-    state: Mutex<State>,
+    /// The one lock (ARCHITECTURE.md "Locks"), on cache lines of its own:
+    /// the fields around it, which every submitter reads, are not on the
+    /// lines its holders write.
+    state: Padded<Mutex<State>>,
     /// The count of jobs queued, in the intake or with a place reserved
     /// (intake.rs inv. 1): the queue bound's reservations; spinning workers
     /// read it as a hint (decisions are re-checked under the lock).

@@ -117,8 +117,8 @@ impl Offloader {
                 changed: Condvar::new(),
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
-                recent_run_ns: AtomicU64::new(1_000_000),
-                spinner: std::sync::atomic::AtomicBool::new(false),
+                recent_run_ns: Padded(AtomicU64::new(1_000_000)),
+                spinner: Padded(std::sync::atomic::AtomicBool::new(false)),
                 doorbell,
                 clock_holds: std::sync::Arc::new(crate::clock::ClockHolds::new({
                     let me = me.clone();
@@ -234,12 +234,12 @@ pub(crate) struct Inner {
     me: std::sync::Weak<Inner>,
     /// Moving average of recent run times (ns), for callers deciding
     /// whether a short spin will see the outcome before parking is worth it.
-    pub(crate) recent_run_ns: AtomicU64,
+    pub(crate) recent_run_ns: Padded<AtomicU64>,
     /// Set while a worker spins for work (worker.rs `claim_spin`): one
     /// spins at a time, so that idle workers do not take every core from
     /// the threads that submit (ARCHITECTURE.md "Spinning"). A hint: no
     /// decision of the wake protocol rests on it.
-    pub(crate) spinner: std::sync::atomic::AtomicBool,
+    pub(crate) spinner: Padded<std::sync::atomic::AtomicBool>,
     /// Holds tokio's paused test clock while callers wait on this pool's
     /// work (clock.rs).
     pub(crate) clock_holds: std::sync::Arc<crate::clock::ClockHolds>,

@@ -155,8 +155,12 @@ impl Inner {
         // ORDERING: a hint for callers deciding whether to spin.
         let old = self.recent_run_ns.load(StdOrdering::Relaxed);
         let new = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
-        self.recent_run_ns
-            .store(old - old / 8 + new / 8, StdOrdering::Relaxed);
+        let average = old - old / 8 + new / 8;
+        // Written only when it moved by more than a sixteenth (and 64 ns):
+        // every awaiting caller reads it.
+        if average.abs_diff(old) > (old / 16).max(64) {
+            self.recent_run_ns.store(average, StdOrdering::Relaxed);
+        }
     }
 
     /// Returns the next job, spinning then parking while there is none;

@@ -210,9 +210,8 @@ impl fmt::Debug for Offloader {
 /// What every clone of a pool and every job handle share.
 pub(crate) struct Inner {
     pub(crate) config: Config,
-    /// The one lock (ARCHITECTURE.md "Locks"), on cache lines of its own:
-    /// the fields around it, which every submitter reads, are not on the
-    /// lines its holders write.
+    /// The one lock (ARCHITECTURE.md "Locks"). It and the two hints below
+    /// are on lines of their own, away from the fields submitters read.
     state: Padded<Mutex<State>>,
     /// The count of jobs queued, in the intake or with a place reserved
     /// (intake.rs inv. 1): the queue bound's reservations; spinning workers
@@ -232,8 +231,7 @@ pub(crate) struct Inner {
     /// This pool, for work done from a `&self` path that may spawn a
     /// worker (a limiter's wake-up).
     me: std::sync::Weak<Inner>,
-    /// Moving average of recent run times (ns), for callers deciding
-    /// whether a short spin will see the outcome before parking is worth it.
+    /// Moving average of recent run times (ns): may a caller spin?
     pub(crate) recent_run_ns: Padded<AtomicU64>,
     /// Set while a worker spins for work (worker.rs `claim_spin`): one
     /// spins at a time, so that idle workers do not take every core from

@@ -1,5 +1,6 @@
 //! Loom models of the intake (intake.rs inv. 1–2): a plain job passing it
-//! while a shutdown closes it, and while the only worker goes to park.
+//! while a shutdown closes it, while the only worker goes to park, and
+//! while a searching worker takes another job.
 //! Listed in the table of `loom_tests.rs`.
 
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,46 @@ fn intake_vs_parking_worker() {
         let m = pool.metrics();
         assert!(m.ledger_balances());
         assert_eq!(m.completed, 2);
+        drop(pool);
+    });
+}
+
+/// Inv. 2 with two permits: a worker that ends its search by taking a job
+/// looks at the intake again, so a job appended while it was still counted
+/// as searching (its submitter woke nobody) gets the other worker, and does
+/// not wait for the first one's job to end. Here that job waits for the
+/// second: without the look, the pool deadlocks.
+#[test]
+fn intake_vs_a_searcher_taking_a_job() {
+    loom::model(|| {
+        let pool = match Offloader::builder().max_in_flight(2).intake(true).build() {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        };
+        let first = pool.offload(|_| ()).spawn().expect("accepted");
+        assert!(first.blocking_wait().is_ok());
+        let done = Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
+        let (wait, set) = (done.clone(), done);
+        let a = pool
+            .offload(move |_| {
+                let (flag, cv) = &*wait;
+                let mut set = flag.lock().expect("not poisoned");
+                while !*set {
+                    set = cv.wait(set).expect("not poisoned");
+                }
+            })
+            .spawn()
+            .expect("accepted");
+        let b = pool
+            .offload(move |_| {
+                let (flag, cv) = &*set;
+                *flag.lock().expect("not poisoned") = true;
+                cv.notify_all();
+            })
+            .spawn()
+            .expect("accepted");
+        assert!(b.blocking_wait().is_ok());
+        assert!(a.blocking_wait().is_ok());
         drop(pool);
     });
 }

@@ -20,6 +20,7 @@
 //! | `group_stop_vs_start` (loom_groups.rs) | state/groups.rs G2 and G1: a group stop racing its queued member's start either cancels it (never runs) or leaves it running with its token set (or finds it finished); the group's and the pool's ledgers agree |
 //! | `intake_vs_shutdown` (loom_intake.rs) | ARCH 4 and 6; intake.rs inv. 1: a plain job offered at the intake while a shutdown closes it is either refused (function handed back, never run) or accepted and run |
 //! | `intake_vs_parking_worker` (loom_intake.rs) | intake.rs inv. 2: a plain job appended to the intake while the only worker stops searching and parks is seen by it or wakes it; it runs |
+//! | `intake_vs_a_searcher_taking_a_job` (loom_intake.rs) | intake.rs inv. 2 at two permits: a job appended while the only searcher takes another job (its submitter saw a searcher and woke nobody) gets the second worker instead of waiting for the first job's end (that job waits for it: without the searcher's look at the intake, a deadlock) |
 //! | `nested_stop_vs_child_offload` (loom_groups.rs) | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
 //! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
 //!

@@ -510,6 +510,59 @@ async fn a_limited_job_does_not_hide_the_plain_jobs_ahead_of_it() {
     assert_settled(&l);
 }
 
+/// A caller waiting for room whose plain job a freed permit would start at
+/// once is let in when a job finishes, though a caller ahead of it waits
+/// with a job needing a full limiter (refused again: the bound is full of
+/// such jobs). Found by a hostile review: the one room signal went to the
+/// first caller, refused, and the second waited for the next job to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_caller_behind_a_refused_limited_caller_gets_the_free_permit() {
+    let p = pool(2, 1);
+    warm(&p);
+    let l = Limiter::new(0);
+    let (first_gate, first_hold) = gate();
+    let (second_gate, second_hold) = gate();
+    let (tx, mut started) = signal();
+    let mut held = Vec::new();
+    for hold in [first_hold, second_hold] {
+        let tx = tx.clone();
+        held.push(
+            p.offload(move |_| {
+                tx.send(()).unwrap();
+                hold.wait();
+            })
+            .spawn()
+            .unwrap(),
+        );
+        recv("a held job", &mut started).await;
+    }
+    let queued = p.offload(|_| ()).limiter(&l).spawn().unwrap();
+    let mut limited = Box::pin(p.offload(|_| 1).limiter(&l).submit());
+    assert!(
+        poll_once(limited.as_mut()).await.is_pending(),
+        "the bound is full"
+    );
+    let mut plain = Box::pin(p.offload(|_| 2).submit());
+    assert!(poll_once(plain.as_mut()).await.is_pending(), "behind it");
+    first_gate.open();
+    within("the first held job", held.remove(0)).await.unwrap();
+    let plain = within("the plain caller's admission", plain).await.unwrap();
+    assert_eq!(within("the plain job", plain).await.unwrap(), 2);
+    assert!(
+        poll_once(limited.as_mut()).await.is_pending(),
+        "still full for it"
+    );
+    second_gate.open();
+    l.set_permits(1);
+    within("the second held job", held.remove(0)).await.unwrap();
+    within("the queued limited job", queued).await.unwrap();
+    let limited = within("the limited caller's admission", limited)
+        .await
+        .unwrap();
+    assert_eq!(within("the limited job", limited).await.unwrap(), 1);
+    assert_settled(&l);
+}
+
 /// A caller waiting for room is let in when a job held back by a limiter
 /// starts (it counted as waiting: L5), not only when a job finishes (found
 /// by a hostile review).

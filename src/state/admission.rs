@@ -1,8 +1,9 @@
-//! Admission: whether a new job may join the queue, and the *accept*
+//! Admission: whether a new job may join the queue, the *accept*
 //! transition that appends it (invariant 8 of `docs/ARCHITECTURE.md`: the
-//! queue bound counts only jobs waiting for a permit).
+//! queue bound counts only jobs waiting for a permit), and the signal to
+//! callers waiting for room.
 
-use super::{After, State};
+use super::{After, Room, State};
 use crate::error::Rejected;
 use crate::job::Task;
 use crate::job_core::JobCore;
@@ -81,7 +82,7 @@ impl State {
 
     /// Permits free now that have a worker to run them: while the OS
     /// refuses new threads, only the workers that exist count.
-    fn free_permits(&self) -> usize {
+    pub(super) fn free_permits(&self) -> usize {
         if self.spawn_blocked {
             self.workers.saturating_sub(self.running.len())
         } else {
@@ -91,7 +92,7 @@ impl State {
 
     /// Queued jobs that a free permit would not start now: beyond the free
     /// permits, or held back by their lane's limit or a limiter (L5).
-    fn waiting_for_permit(&self) -> usize {
+    pub(super) fn waiting_for_permit(&self) -> usize {
         self.queued
             .saturating_sub(self.free_permits().min(self.startable_queued))
     }
@@ -121,6 +122,36 @@ impl State {
         if self.room_waiters > 0 && self.waiting_for_permit() < self.queue_capacity {
             self.room_freed(after);
         }
+    }
+
+    /// Room may have freed: the caller that waited longest is signalled;
+    /// every caller, if the bound is still full while a free permit would
+    /// start a job at once. Only some callers' jobs may take that permit
+    /// (a job needing a limiter does not start at once: invariant 8), and
+    /// the one signalled, refused again, would keep it from a caller behind
+    /// it; each is signalled once, so two refused callers cannot keep
+    /// waking each other.
+    pub(super) fn room_freed(&self, after: &mut After) {
+        if self.room_waiters == 0 {
+            return;
+        }
+        if !self.room_for_jobs_starting_at_once(after) && after.room == Room::None {
+            after.room = Room::One;
+        }
+    }
+
+    /// Signals every caller waiting for room (and returns `true`) if the
+    /// bound is full while a free permit would start a job at once: called
+    /// where room frees, and where a lane blocks on a limiter (its jobs no
+    /// longer take the free permits first).
+    pub(super) fn room_for_jobs_starting_at_once(&self, after: &mut After) -> bool {
+        let only_some = self.room_waiters > 0
+            && self.waiting_for_permit() >= self.queue_capacity
+            && self.free_permits() > self.startable_queued;
+        if only_some {
+            after.room = Room::All;
+        }
+        only_some
     }
 
     /// Counts a refusal the caller reports: a full queue, for good.

@@ -172,7 +172,8 @@ pub(crate) enum Room {
     None,
     /// A slot freed: one waiter may take it.
     One,
-    /// Shutdown: every waiter learns it is refused.
+    /// Shutdown (every waiter learns it is refused), an observer that
+    /// caught up, or a free permit only some waiters' jobs can take.
     All,
 }
 
@@ -422,12 +423,6 @@ impl State {
     pub(crate) fn own_wait_ended(&mut self, mark: OwnWaitMark) {
         self.own_waiters -= 1;
         self.lane_own_wait_ended(mark);
-    }
-
-    fn room_freed(&self, after: &mut After) {
-        if self.room_waiters > 0 && after.room == Room::None {
-            after.room = Room::One;
-        }
     }
 
     fn settle_check(&self, after: &mut After) {

@@ -42,6 +42,7 @@ impl State {
             self.lanes.unlink(&mut self.ring, lane_key);
         }
         self.lanes.push_back(&mut entry.lanes, lane_key);
+        self.room_for_jobs_starting_at_once(after);
         if let Some(woken) = woken {
             self.readied_gave_up(after);
             if woken.id() != id {

@@ -135,7 +135,11 @@ impl State {
         if self.room_waiters == 0 {
             return;
         }
-        if !self.room_for_jobs_starting_at_once(after) && after.room == Room::None {
+        if self.room_for_jobs_starting_at_once(after) {
+            return;
+        }
+        // A signal to every waiter (a shutdown's) is never narrowed.
+        if after.room == Room::None {
             after.room = Room::One;
         }
     }

@@ -294,6 +294,10 @@ where
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
+        // Counted once refused, if the job needs no limiter: a free permit
+        // with the bound full then signals every waiter (admission.rs
+        // `room_for_jobs_starting_at_once`), this one among them.
+        let mut plain = None;
         let wait_until = self.opts.timeout.map(|limit| began.timer_deadline(limit));
         // Under a paused test clock, a timed wait for room (for running jobs
         // to finish) holds the clock as long as it lasts; set up at the
@@ -318,7 +322,15 @@ where
                     return Err(SubmitError::new(reason, back.func));
                 }
                 // Room, or the observer catching up, frees a slot.
-                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => this = back,
+                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => {
+                    this = back;
+                    if plain.is_none() && this.opts.limiters.is_empty() {
+                        // Tries again once counted: a free permit signalled
+                        // in between is not missed.
+                        plain = Some(Waiting::new(&inner, Waiters::RoomPlain));
+                        continue;
+                    }
+                }
                 Err((reason, back)) => {
                     inner.count_refusal(&reason);
                     return Err(SubmitError::new(reason, back.func));

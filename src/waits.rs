@@ -85,7 +85,7 @@ mod tests {
     fn a_dropped_registration_unregisters() {
         let pool = Offloader::builder().build().expect("valid configuration");
         let inner = pool.inner();
-        for which in [Waiters::Room, Waiters::Settle] {
+        for which in [Waiters::Room, Waiters::RoomPlain, Waiters::Settle] {
             let a = Waiting::new(inner, which);
             let b = Waiting::new(inner, which);
             assert_eq!(inner.lock().waiters(which), 2);

@@ -563,6 +563,105 @@ async fn a_plain_caller_behind_a_refused_limited_caller_gets_the_free_permit() {
     assert_settled(&l);
 }
 
+/// A caller's admission that fills the bound with a job joining a blocked
+/// lane, while the pool permit is free, lets in a plain caller waiting
+/// behind callers of limited jobs (found by a hostile review: the
+/// admission signalled nobody, and the plain caller waited for the next
+/// job to end while a fresh `spawn` was accepted at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_filling_the_bound_lets_a_plain_caller_take_the_free_permit() {
+    let p = pool(1, 2);
+    warm(&p);
+    let l = Limiter::new(0);
+    let first = p.offload(|_| ()).limiter(&l).spawn().unwrap();
+    eventually("its lane blocked", || l.stats().pools_waiting == 1).await;
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let held = p
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .spawn()
+        .unwrap();
+    recv("the held job", &mut started).await;
+    let queued = p.offload(|_| 3).spawn().unwrap();
+    let mut w1 = Box::pin(p.offload(|_| 1).limiter(&l).submit());
+    let mut w2 = Box::pin(p.offload(|_| 2).limiter(&l).submit());
+    let mut w3 = Box::pin(p.offload(|_| 4).submit());
+    assert!(
+        poll_once(w1.as_mut()).await.is_pending(),
+        "the bound is full"
+    );
+    assert!(
+        poll_once(w2.as_mut()).await.is_pending(),
+        "the bound is full"
+    );
+    assert!(
+        poll_once(w3.as_mut()).await.is_pending(),
+        "the bound is full"
+    );
+    gate.open();
+    within("the held job", held).await.unwrap();
+    assert_eq!(within("the queued job", queued).await.unwrap(), 3);
+    // The first caller's job joins the blocked lane and fills the bound.
+    let w1 = within("the first caller", w1).await.unwrap();
+    assert!(poll_once(w2.as_mut()).await.is_pending(), "full for it");
+    let w3 = within("the plain caller", w3).await.unwrap();
+    assert_eq!(within("the plain job", w3).await.unwrap(), 4);
+    l.set_permits(1);
+    within("the first limited job", first).await.unwrap();
+    assert_eq!(within("the first caller's job", w1).await.unwrap(), 1);
+    let w2 = within("the second caller", w2).await.unwrap();
+    assert_eq!(within("the second caller's job", w2).await.unwrap(), 2);
+    assert_settled(&l);
+}
+
+/// Callers waiting for room whose jobs all need a limiter are not all
+/// woken for a free permit none of them can take: a plain job passing
+/// beyond the full bound (it starts at once) and finishing wakes one of
+/// them per room event, as before the signal to every waiter existed (found by a hostile review: with 1,000 such callers each
+/// finished job woke all of them, and plain throughput fell by 60 %).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_of_limited_jobs_are_not_all_woken_for_a_permit_none_can_take() {
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let p = pool(1, 1);
+    warm(&p);
+    let l = Limiter::new(0);
+    let first = p.offload(|_| ()).limiter(&l).spawn().unwrap();
+    eventually("its lane blocked", || l.stats().pools_waiting == 1).await;
+    let wakes = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+    let waker = std::task::Waker::from(wakes.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut waiting: Vec<_> = (0..10)
+        .map(|_| Box::pin(p.offload(|_| ()).limiter(&l).submit()))
+        .collect();
+    for w in &mut waiting {
+        assert!(
+            std::future::Future::poll(w.as_mut(), &mut cx).is_pending(),
+            "the bound is full"
+        );
+    }
+    // Two plain jobs, one after the other on the pool's one worker: the
+    // second ends after the first's wake-ups were sent.
+    for _ in 0..2 {
+        within("a plain job", p.offload(|_| ())).await.unwrap();
+    }
+    // One caller per room event, and a plain job makes two: its lane grows
+    // a startable job as it joins, and its finish frees its permit.
+    let woken = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(woken <= 4, "{woken} wake-ups of 10 callers for two jobs");
+    drop(waiting);
+    l.set_permits(1);
+    within("the limited job", first).await.unwrap();
+    assert_settled(&l);
+}
+
 /// A caller waiting for room is let in when a job held back by a limiter
 /// starts (it counted as waiting: L5), not only when a job finishes (found
 /// by a hostile review).

@@ -119,8 +119,15 @@ impl State {
         // Several slots may have freed in one critical section (a limiter's
         // new permits readying several lanes, L5) with one waiter woken for
         // them: while room is left, each admission wakes the next waiter.
-        if self.room_waiters > 0 && self.waiting_for_permit() < self.queue_capacity {
-            self.room_freed(after);
+        // An admission that fills the bound while a free permit would start
+        // a job at once (this job joined a blocked lane) leaves that permit
+        // to the callers whose jobs may take it.
+        if self.waiting_for_permit() < self.queue_capacity {
+            if self.room_waiters > 0 {
+                self.room_freed(after);
+            }
+        } else {
+            self.room_for_jobs_starting_at_once(after);
         }
     }
 
@@ -145,11 +152,14 @@ impl State {
     }
 
     /// Signals every caller waiting for room (and returns `true`) if the
-    /// bound is full while a free permit would start a job at once: called
-    /// where room frees, and where a lane blocks on a limiter (its jobs no
-    /// longer take the free permits first).
+    /// bound is full while a free permit would start a job at once and a
+    /// caller's job needs no limiter (only such a job may take it): called
+    /// where room frees, where an admission fills the bound, and where a
+    /// lane blocks on a limiter (its jobs no longer take the free permits
+    /// first). With only callers of limited jobs waiting, nobody is woken
+    /// for a permit none of them can take.
     pub(super) fn room_for_jobs_starting_at_once(&self, after: &mut After) -> bool {
-        let only_some = self.room_waiters > 0
+        let only_some = self.room_waiters_plain > 0
             && self.waiting_for_permit() >= self.queue_capacity
             && self.free_permits() > self.startable_queued;
         if only_some {

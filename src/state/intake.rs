@@ -140,6 +140,7 @@ impl State {
     pub(crate) fn waiters(&self, which: Waiters) -> usize {
         match which {
             Waiters::Room => self.room_waiters,
+            Waiters::RoomPlain => self.room_waiters_plain,
             Waiters::Settle => self.settle_waiters,
         }
     }
@@ -149,6 +150,7 @@ impl State {
     pub(crate) fn count_waiter(&mut self, which: Waiters, starts: bool) {
         let count = match which {
             Waiters::Room => &mut self.room_waiters,
+            Waiters::RoomPlain => &mut self.room_waiters_plain,
             Waiters::Settle => &mut self.settle_waiters,
         };
         if starts {

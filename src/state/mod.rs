@@ -223,8 +223,12 @@ struct Parked {
 /// Which waiter count a [`Waiting`](crate::waits::Waiting) guard holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Waiters {
-    /// Callers waiting for room in a full queue.
+    /// Callers waiting for room in a full queue (counted before their
+    /// first try).
     Room,
+    /// Of those, callers refused once whose job needs no limiter: only
+    /// such a job may start at once beyond the bound.
+    RoomPlain,
     /// Waiters for idleness or termination (async, blocking, the monitor).
     Settle,
 }
@@ -285,6 +289,8 @@ pub(crate) struct State {
     /// worker's last job, not yet settled at its next lock).
     unpublished: usize,
     room_waiters: usize,
+    /// Of those, callers refused once whose job needs no limiter.
+    room_waiters_plain: usize,
     settle_waiters: usize,
     /// Running functions blocked waiting for a queued job of this pool.
     own_waiters: usize,
@@ -361,6 +367,7 @@ impl State {
             next_worker: 0,
             unpublished: 0,
             room_waiters: 0,
+            room_waiters_plain: 0,
             settle_waiters: 0,
             own_waiters: 0,
             shutdown: false,

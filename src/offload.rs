@@ -294,8 +294,9 @@ where
         let inner = self.pool.inner().clone();
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
-        // Counted once refused, if the job needs no limiter: a free permit
-        // with the bound full then signals every waiter (admission.rs
+        // Counted once refused, if the job needs no limiter and has no key
+        // (a key at its limit would hold it back too): a free permit with
+        // the bound full then signals every waiter (admission.rs
         // `room_for_jobs_starting_at_once`), this one among them.
         let mut plain = None;
         let wait_until = self.opts.timeout.map(|limit| began.timer_deadline(limit));
@@ -324,7 +325,7 @@ where
                 // Room, or the observer catching up, frees a slot.
                 Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => {
                     this = back;
-                    if plain.is_none() && this.opts.limiters.is_empty() {
+                    if plain.is_none() && this.opts.limiters.is_empty() && this.opts.key.is_none() {
                         // Tries again once counted: a free permit signalled
                         // in between is not missed.
                         plain = Some(Waiting::new(&inner, Waiters::RoomPlain));

@@ -617,49 +617,112 @@ async fn an_admission_filling_the_bound_lets_a_plain_caller_take_the_free_permit
     assert_settled(&l);
 }
 
-/// Callers waiting for room whose jobs all need a limiter are not all
-/// woken for a free permit none of them can take: a plain job passing
-/// beyond the full bound (it starts at once) and finishing wakes one of
-/// them per room event, as before the signal to every waiter existed (found by a hostile review: with 1,000 such callers each
-/// finished job woke all of them, and plain throughput fell by 60 %).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_of_limited_jobs_are_not_all_woken_for_a_permit_none_can_take() {
-    struct Count(std::sync::atomic::AtomicUsize);
-    impl std::task::Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
+/// Counts the wake-ups of the wakers made from it.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
-    let p = pool(1, 1);
-    warm(&p);
-    let l = Limiter::new(0);
-    let first = p.offload(|_| ()).limiter(&l).spawn().unwrap();
+}
+
+/// With a pool of one permit and a bound of one full of a job blocked on a
+/// limiter of no permits, and callers waiting for room (those `callers`
+/// makes, polled once each with a counting waker): two plain jobs run,
+/// passing beyond the full bound one after the other. Returns how many
+/// wake-ups the callers got. A plain job makes two room events (its lane
+/// grows a startable job as it joins; its finish frees its permit).
+async fn wake_ups_of_callers_while_plain_jobs_pass<'a, F>(
+    p: &'a Offloader,
+    l: &'a Limiter,
+    callers: impl FnOnce() -> Vec<std::pin::Pin<Box<F>>>,
+) -> usize
+where
+    F: std::future::Future + ?Sized + 'a,
+{
+    let first = p.offload(|_| ()).limiter(l).spawn().unwrap();
     eventually("its lane blocked", || l.stats().pools_waiting == 1).await;
-    let wakes = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+    let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
     let waker = std::task::Waker::from(wakes.clone());
     let mut cx = std::task::Context::from_waker(&waker);
-    let mut waiting: Vec<_> = (0..10)
-        .map(|_| Box::pin(p.offload(|_| ()).limiter(&l).submit()))
-        .collect();
+    let mut waiting = callers();
     for w in &mut waiting {
-        assert!(
-            std::future::Future::poll(w.as_mut(), &mut cx).is_pending(),
-            "the bound is full"
-        );
+        assert!(w.as_mut().poll(&mut cx).is_pending(), "the bound is full");
     }
-    // Two plain jobs, one after the other on the pool's one worker: the
-    // second ends after the first's wake-ups were sent.
+    // One after the other on the pool's one worker: the second ends after
+    // the first's wake-ups were sent.
     for _ in 0..2 {
         within("a plain job", p.offload(|_| ())).await.unwrap();
     }
-    // One caller per room event, and a plain job makes two: its lane grows
-    // a startable job as it joins, and its finish frees its permit.
     let woken = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(woken <= 4, "{woken} wake-ups of 10 callers for two jobs");
     drop(waiting);
     l.set_permits(1);
     within("the limited job", first).await.unwrap();
-    assert_settled(&l);
+    assert_settled(l);
+    woken
+}
+
+/// Callers waiting for room whose jobs all need a limiter are not all
+/// woken for a free permit none of them can take: one caller per room
+/// event, as before the signal to every waiter existed (found by a hostile
+/// review: with 1,000 such callers each finished job woke all of them, and
+/// plain throughput fell by 60 %). Nor when a caller of a keyed job, whose
+/// key is at its limit, waits with them (a second review: one such caller
+/// made every finished job wake 1,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_of_jobs_that_cannot_start_are_not_all_woken_for_a_free_permit() {
+    use std::future::Future;
+    type Caller<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+    let p = pool(1, 1);
+    warm(&p);
+    let l = Limiter::new(0);
+    let limited = |p: &Offloader, l: &Limiter| -> Vec<Caller<'static>> {
+        (0..10)
+            .map(|_| {
+                let f = p.offload(|_| ()).limiter(l).submit();
+                Box::pin(async move {
+                    let _ = f.await;
+                }) as Caller<'static>
+            })
+            .collect()
+    };
+    let woken = wake_ups_of_callers_while_plain_jobs_pass(&p, &l, || limited(&p, &l)).await;
+    assert!(
+        woken <= 4,
+        "{woken} wake-ups of 10 limited callers for two jobs"
+    );
+
+    let (p, l) = (
+        builder(2, 1).max_per_key(1).build().unwrap(),
+        Limiter::new(0),
+    );
+    warm(&p);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let at_limit = p
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .key("k")
+        .spawn()
+        .unwrap();
+    recv("the key's job", &mut started).await;
+    let woken = wake_ups_of_callers_while_plain_jobs_pass(&p, &l, || {
+        let mut callers = limited(&p, &l);
+        let keyed = p.offload(|_| ()).key("k").submit();
+        callers.insert(
+            0,
+            Box::pin(async move {
+                let _ = keyed.await;
+            }),
+        );
+        callers
+    })
+    .await;
+    assert!(woken <= 4, "{woken} wake-ups of 11 callers for two jobs");
+    gate.open();
+    within("the key's job", at_limit).await.unwrap();
 }
 
 /// A caller waiting for room is let in when a job held back by a limiter

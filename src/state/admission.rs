@@ -153,7 +153,9 @@ impl State {
 
     /// Signals every caller waiting for room (and returns `true`) if the
     /// bound is full while a free permit would start a job at once and a
-    /// caller's job needs no limiter (only such a job may take it): called
+    /// caller's job needs no limiter and has no key (such a job takes it;
+    /// a limited one does not start at once, nor one of a key at its
+    /// limit): called
     /// where room frees, where an admission fills the bound, and where a
     /// lane blocks on a limiter (its jobs no longer take the free permits
     /// first). With only callers of limited jobs waiting, nobody is woken

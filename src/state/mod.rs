@@ -226,8 +226,8 @@ pub(crate) enum Waiters {
     /// Callers waiting for room in a full queue (counted before their
     /// first try).
     Room,
-    /// Of those, callers refused once whose job needs no limiter: only
-    /// such a job may start at once beyond the bound.
+    /// Of those, callers refused once whose job needs no limiter and has
+    /// no key: such a job starts at once when a permit is free.
     RoomPlain,
     /// Waiters for idleness or termination (async, blocking, the monitor).
     Settle,
@@ -289,7 +289,8 @@ pub(crate) struct State {
     /// worker's last job, not yet settled at its next lock).
     unpublished: usize,
     room_waiters: usize,
-    /// Of those, callers refused once whose job needs no limiter.
+    /// Of those, callers refused once whose job needs no limiter and has
+    /// no key.
     room_waiters_plain: usize,
     settle_waiters: usize,
     /// Running functions blocked waiting for a queued job of this pool.

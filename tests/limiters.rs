@@ -520,22 +520,9 @@ async fn a_plain_caller_behind_a_refused_limited_caller_gets_the_free_permit() {
     let p = pool(2, 1);
     warm(&p);
     let l = Limiter::new(0);
-    let (first_gate, first_hold) = gate();
-    let (second_gate, second_hold) = gate();
-    let (tx, mut started) = signal();
-    let mut held = Vec::new();
-    for hold in [first_hold, second_hold] {
-        let tx = tx.clone();
-        held.push(
-            p.offload(move |_| {
-                tx.send(()).unwrap();
-                hold.wait();
-            })
-            .spawn()
-            .unwrap(),
-        );
-        recv("a held job", &mut started).await;
-    }
+    // Each permit held on a gate of its own.
+    let first_held = occupy(&p, 1).await;
+    let second_held = occupy(&p, 1).await;
     let queued = p.offload(|_| ()).limiter(&l).spawn().unwrap();
     let mut limited = Box::pin(p.offload(|_| 1).limiter(&l).submit());
     assert!(
@@ -544,17 +531,15 @@ async fn a_plain_caller_behind_a_refused_limited_caller_gets_the_free_permit() {
     );
     let mut plain = Box::pin(p.offload(|_| 2).submit());
     assert!(poll_once(plain.as_mut()).await.is_pending(), "behind it");
-    first_gate.open();
-    within("the first held job", held.remove(0)).await.unwrap();
+    first_held.release().await;
     let plain = within("the plain caller's admission", plain).await.unwrap();
     assert_eq!(within("the plain job", plain).await.unwrap(), 2);
     assert!(
         poll_once(limited.as_mut()).await.is_pending(),
         "still full for it"
     );
-    second_gate.open();
     l.set_permits(1);
-    within("the second held job", held.remove(0)).await.unwrap();
+    second_held.release().await;
     within("the queued limited job", queued).await.unwrap();
     let limited = within("the limited caller's admission", limited)
         .await
@@ -575,16 +560,7 @@ async fn an_admission_filling_the_bound_lets_a_plain_caller_take_the_free_permit
     let l = Limiter::new(0);
     let first = p.offload(|_| ()).limiter(&l).spawn().unwrap();
     eventually("its lane blocked", || l.stats().pools_waiting == 1).await;
-    let (gate, hold) = gate();
-    let (tx, mut started) = signal();
-    let held = p
-        .offload(move |_| {
-            tx.send(()).unwrap();
-            hold.wait();
-        })
-        .spawn()
-        .unwrap();
-    recv("the held job", &mut started).await;
+    let held = occupy(&p, 1).await;
     let queued = p.offload(|_| 3).spawn().unwrap();
     let mut w1 = Box::pin(p.offload(|_| 1).limiter(&l).submit());
     let mut w2 = Box::pin(p.offload(|_| 2).limiter(&l).submit());
@@ -601,8 +577,7 @@ async fn an_admission_filling_the_bound_lets_a_plain_caller_take_the_free_permit
         poll_once(w3.as_mut()).await.is_pending(),
         "the bound is full"
     );
-    gate.open();
-    within("the held job", held).await.unwrap();
+    held.release().await;
     assert_eq!(within("the queued job", queued).await.unwrap(), 3);
     // The first caller's job joins the blocked lane and fills the bound.
     let w1 = within("the first caller", w1).await.unwrap();

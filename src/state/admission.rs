@@ -123,9 +123,7 @@ impl State {
         // a job at once (this job joined a blocked lane) leaves that permit
         // to the callers whose jobs may take it.
         if self.waiting_for_permit() < self.queue_capacity {
-            if self.room_waiters > 0 {
-                self.room_freed(after);
-            }
+            self.room_freed(after);
         } else {
             self.room_for_jobs_starting_at_once(after);
         }
@@ -155,11 +153,10 @@ impl State {
     /// bound is full while a free permit would start a job at once and a
     /// caller's job needs no limiter and has no key (such a job takes it;
     /// a limited one does not start at once, nor one of a key at its
-    /// limit): called
-    /// where room frees, where an admission fills the bound, and where a
-    /// lane blocks on a limiter (its jobs no longer take the free permits
-    /// first). With only callers of limited jobs waiting, nobody is woken
-    /// for a permit none of them can take.
+    /// limit): called where room frees, where an admission fills the
+    /// bound, and where a lane blocks on a limiter (its jobs no longer take
+    /// the free permits first). With only callers of limited or keyed jobs
+    /// waiting, nobody is woken for a permit none of them can take.
     pub(super) fn room_for_jobs_starting_at_once(&self, after: &mut After) -> bool {
         let only_some = self.room_waiters_plain > 0
             && self.waiting_for_permit() >= self.queue_capacity

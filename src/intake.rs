@@ -38,6 +38,13 @@
 //!    two always sees the other (the classic store-then-load pairing), so
 //!    an appended job always has a worker coming: rule 1 of "Waking
 //!    workers" holds for both doors.
+//! 3. **A ring.** The intake holds at most [`SLOTS`] jobs (fewer if the
+//!    queue bound is lower), in a ring allocated with the pool: passing it
+//!    allocates and frees nothing but the job, so a worker emptying it
+//!    never frees memory under the pool lock, in the allocator's arena the
+//!    submitter allocates from. A submitter that finds the ring full gives
+//!    its place back and goes through the lock, whose holder empties the
+//!    intake before it accepts that job: the order of acceptance holds.
 
 use crate::job::Task;
 use crate::sync::{fence, AtomicBool, AtomicUsize, Ordering, Padded};
@@ -173,19 +180,31 @@ pub(crate) struct Intake {
     workers: Padded<AtomicUsize>,
 }
 
+/// The most jobs the intake holds (fewer if the queue bound is smaller):
+/// a ring allocated once, so that passing the intake allocates and frees
+/// nothing but the job (inv. 3).
+#[cfg(not(loom))]
+const SLOTS: usize = 256;
+/// Under loom: small enough that the models reach a full intake.
+#[cfg(loom)]
+const SLOTS: usize = 2;
+
 impl Intake {
-    pub(crate) fn new() -> Self {
+    /// An intake for a queue bound of `queue_capacity` jobs.
+    pub(crate) fn new(queue_capacity: usize) -> Self {
         Intake {
-            jobs: Queue::default(),
+            jobs: Queue::new(queue_capacity.clamp(1, SLOTS)),
             workers: Padded(AtomicUsize::new(0)),
         }
     }
 
     /// Appends `task`, whose place was reserved, then fences (inv. 2); the
-    /// caller then looks at [`needs_worker`](Self::needs_worker).
-    pub(crate) fn push(&self, task: Arc<dyn Task>) {
-        self.jobs.push(task);
+    /// caller then looks at [`needs_worker`](Self::needs_worker). Hands
+    /// `task` back if the intake is full (inv. 3).
+    pub(crate) fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
+        self.jobs.push(task)?;
         fence(Ordering::SeqCst);
+        Ok(())
     }
 
     /// Whether no job waits in the intake (`SeqCst`: inv. 2).
@@ -216,8 +235,9 @@ impl Intake {
     }
 }
 
-/// The FIFO itself: crossbeam's lock-free list channel; under loom, whose
-/// models cannot see inside crossbeam, a loom mutex around a `VecDeque`.
+/// The FIFO itself: crossbeam's lock-free array channel (a ring of
+/// `slots`); under loom, whose models cannot see inside crossbeam, a loom
+/// mutex around a `VecDeque` of as many.
 #[cfg(not(loom))]
 struct Queue {
     tx: crossbeam_channel::Sender<Arc<dyn Task>>,
@@ -225,25 +245,23 @@ struct Queue {
 }
 
 #[cfg(not(loom))]
-impl Default for Queue {
-    fn default() -> Self {
-        let (tx, rx) = crossbeam_channel::unbounded();
+impl Queue {
+    fn new(slots: usize) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(slots);
         Queue { tx, rx }
     }
-}
 
-#[cfg(not(loom))]
-impl Queue {
-    fn push(&self, task: Arc<dyn Task>) {
-        // The receiver lives as long as the sender (both are ours).
-        let _ = self.tx.send(task);
+    /// Appends `task`, or hands it back if the ring is full. (The receiver
+    /// lives as long as the sender: both are ours.)
+    fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
+        self.tx.try_send(task).map_err(|e| e.into_inner())
     }
 
     fn pop(&self) -> Option<Arc<dyn Task>> {
         self.rx.try_recv().ok()
     }
 
-    /// `SeqCst` loads of both ends (crossbeam's list channel), after the
+    /// `SeqCst` loads of both ends (crossbeam's array channel), after the
     /// `SeqCst` compare-exchange of a send's tail: inv. 2's pairing.
     fn is_empty(&self) -> bool {
         self.rx.is_empty()
@@ -251,21 +269,35 @@ impl Queue {
 }
 
 #[cfg(loom)]
-#[derive(Default)]
-struct Queue(crate::sync::Mutex<std::collections::VecDeque<Arc<dyn Task>>>);
+struct Queue {
+    jobs: crate::sync::Mutex<std::collections::VecDeque<Arc<dyn Task>>>,
+    slots: usize,
+}
 
 #[cfg(loom)]
 impl Queue {
-    fn push(&self, task: Arc<dyn Task>) {
-        crate::sync::lock(&self.0).push_back(task);
+    fn new(slots: usize) -> Self {
+        Queue {
+            jobs: crate::sync::Mutex::new(std::collections::VecDeque::new()),
+            slots,
+        }
+    }
+
+    fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
+        let mut jobs = crate::sync::lock(&self.jobs);
+        if jobs.len() == self.slots {
+            return Err(task);
+        }
+        jobs.push_back(task);
+        Ok(())
     }
 
     fn pop(&self) -> Option<Arc<dyn Task>> {
-        crate::sync::lock(&self.0).pop_front()
+        crate::sync::lock(&self.jobs).pop_front()
     }
 
     fn is_empty(&self) -> bool {
-        crate::sync::lock(&self.0).is_empty()
+        crate::sync::lock(&self.jobs).is_empty()
     }
 }
 
@@ -439,7 +471,8 @@ mod tests {
         );
         let job: std::sync::Arc<dyn crate::job::Task> =
             std::sync::Arc::new(crate::job::Job::new(core, |_: &crate::StopToken| 1));
-        inner.intake.as_ref().expect("an intake").push(job);
+        let pushed = inner.intake.as_ref().expect("an intake").push(job);
+        assert!(pushed.is_ok(), "the ring has room");
         let admitted = match early {
             Ok(judged) => judged,
             Err(_) => result

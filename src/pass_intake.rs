@@ -37,7 +37,13 @@ impl Inner {
         // lines come last, after the job has its worker.
         let accepted = task.clone();
         crate::limiter::count_joined(core.limiters());
-        intake.push(task);
+        if let Err(task) = intake.push(task) {
+            // The intake is full (inv. 3): the place goes back, and the job
+            // through the lock, whose holder empties the intake first.
+            crate::limiter::count_unjoined(task.core().limiters());
+            self.queue_count.unreserve();
+            return Err(task);
+        }
         let mut spawn_error = None;
         if intake.needs_worker() {
             let mut after = After::default();

@@ -90,13 +90,12 @@ impl Offloader {
     /// A pool for a validated configuration.
     pub(crate) fn from_config(config: Config) -> Offloader {
         let count = std::sync::Arc::new(crate::intake::QueueCount::new());
-        let doorbell = config
-            .observer
-            .as_ref()
-            .map(|_| crossbeam_channel::bounded(1));
+        let observed = config.observer.is_some();
+        let doorbell = observed.then(|| crossbeam_channel::bounded(1));
         // No observer, no stuck-job monitor: both are the locked path's.
-        let fast = config.intake && config.observer.is_none() && config.stuck_after.is_none();
-        let intake = fast.then(|| std::sync::Arc::new(crate::intake::Intake::new()));
+        let fast = config.intake && !observed && config.stuck_after.is_none();
+        let intake =
+            fast.then(|| std::sync::Arc::new(crate::intake::Intake::new(config.queue_capacity)));
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
             let watcher: std::sync::Weak<dyn crate::limiter::Watcher> = me.clone();
             let state = State::new(

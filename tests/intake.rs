@@ -249,6 +249,49 @@ async fn jobs_of_both_doors_start_in_submission_order() {
     assert_eq!(order, (0..40).collect::<Vec<_>>());
 }
 
+/// More jobs than the intake's ring holds (256), every one needing a
+/// limiter, while the one permit is held: a submitter that finds the ring
+/// full gives its place and its limiter count back and takes the lock, so
+/// the bound is exact (all 1,000 of a bound of 1,000 accepted, the next
+/// refused), the limiter counts each job once, and they start in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_jobs_than_the_intake_holds_keep_the_bound_the_count_and_the_order() {
+    const JOBS: usize = 1_000;
+    let pool = pool(1, JOBS);
+    let limiter = Limiter::new(1 << 20);
+    let held = occupy(&pool, 1).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let jobs: Vec<_> = (0..JOBS)
+        .map(|i| {
+            let order = order.clone();
+            pool.offload(move |_stop| order.lock().expect("not poisoned").push(i))
+                .limiter(&limiter)
+                .spawn()
+                .expect("room")
+        })
+        .collect();
+    let refused = pool.offload(|_stop| ()).spawn().map(|_| ());
+    assert!(
+        matches!(
+            refused.as_ref().map_err(|e| e.reason()),
+            Err(Rejected::Full { .. })
+        ),
+        "the bound is full: {refused:?}"
+    );
+    assert_eq!(pool.metrics().queued, JOBS as u64);
+    assert_eq!(limiter.stats().waiting, JOBS);
+    held.release().await;
+    for job in jobs {
+        within("a job", job).await.expect("runs");
+    }
+    assert_eq!(
+        *order.lock().expect("not poisoned"),
+        (0..JOBS).collect::<Vec<_>>()
+    );
+    assert_eq!(limiter.stats().waiting, 0);
+    assert_ledger(&pool.metrics());
+}
+
 /// A plain job is in the ledger as soon as `spawn` returns, and a cancel
 /// before its start means it never runs (ARCH 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

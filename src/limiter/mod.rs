@@ -323,6 +323,15 @@ pub(crate) fn count_joined(limiters: &[Limiter]) {
     }
 }
 
+/// Takes back [`count_joined`] for a job that did not join after all (a
+/// full intake sent it through the lock, whose accept counts it).
+pub(crate) fn count_unjoined(limiters: &[Limiter]) {
+    for l in limiters {
+        // ORDERING: a metric (see `stats`).
+        l.shared.joined.fetch_sub(1, StdOrdering::Relaxed);
+    }
+}
+
 /// Gives back one permit of each of `limiters` (M1) and grants it to the
 /// first waiting pool, if any (M3); adds the pools to tell after
 /// unlocking.

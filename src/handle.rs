@@ -67,8 +67,9 @@ struct Timer {
 }
 
 impl<T> JobHandle<T> {
+    /// The owner handle of `job`, whose core says a caller waits from the
+    /// start (`JobCore::new`).
     pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>) -> Self {
-        job.core().set_caller_waiting(true);
         JobHandle {
             job,
             pool,
@@ -365,7 +366,11 @@ impl<T> Future for JobHandle<T> {
 impl<T> Drop for JobHandle<T> {
     fn drop(&mut self) {
         // Detaches: the job goes on; nobody is left to collect its outcome.
-        self.job.core().set_caller_waiting(false);
+        // A finished job's worker has read the flag already (worker.rs).
+        let core = self.job.core();
+        if !core.state().is_terminal() {
+            core.set_caller_waiting(false);
+        }
     }
 }
 

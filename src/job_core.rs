@@ -127,7 +127,10 @@ impl JobCore {
             extras,
             key: AtomicU32::new(0),
             state: AtomicU8::new(QUEUED),
-            flags: AtomicU8::new(0),
+            // Every job accepted gets its owner handle (`JobHandle::new`):
+            // set here, on a line the submitter owns still, rather than by
+            // a read-modify-write after the job is shared.
+            flags: AtomicU8::new(CALLER_WAITING),
             stopped: AtomicBool::new(false),
         }
     }

@@ -35,7 +35,12 @@ impl Inner {
         // subscriber may call into the pool, or panic): a closer waits for
         // the push under the pool lock (intake.rs inv. 1). And the log
         // lines come last, after the job has its worker.
-        let accepted = task.clone();
+        // Kept for the "accepted" line only if it can be shown: a clone
+        // is a read-modify-write per job. (The levels are two loads of
+        // tracing's statics, no subscriber call.)
+        let trace = tracing::Level::TRACE <= tracing::level_filters::STATIC_MAX_LEVEL
+            && tracing::Level::TRACE <= tracing::level_filters::LevelFilter::current();
+        let accepted = trace.then(|| task.clone());
         crate::limiter::count_joined(core.limiters());
         if let Err(task) = intake.push(task) {
             // The intake is full (inv. 3): the place goes back, and the job
@@ -61,7 +66,9 @@ impl Inner {
         // A paused test clock let go while the work stalled is held again
         // (clock.rs), as after any transition that can end a stall.
         self.clock_holds.wake_if_dormant();
-        tracing::trace!(parent: &accepted.core().span(), "accepted");
+        if let Some(accepted) = accepted {
+            tracing::trace!(parent: &accepted.core().span(), "accepted");
+        }
         if let Some(e) = spawn_error {
             tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
         }

@@ -394,7 +394,7 @@ where
             .is_some_and(crate::interop::Follow::is_cancelled);
         #[cfg(not(feature = "tokio-util"))]
         let cancelled = false;
-        if let Err((reason, func)) = inner.submit(job.clone(), cancelled) {
+        if let Err((reason, func)) = inner.submit(&job, cancelled) {
             let core = crate::job::Task::core(&*job);
             opts.name = core.name().cloned();
             opts.key = core.lane_key().cloned();

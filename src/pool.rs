@@ -345,7 +345,7 @@ impl Inner {
     /// counted here (a waiting caller retries).
     pub(crate) fn submit<F, T>(
         self: &Arc<Self>,
-        job: Arc<Job<F, T>>,
+        job: &Arc<Job<F, T>>,
         cancelled: bool,
     ) -> Result<(), (Rejected, F)>
     where

@@ -1,6 +1,7 @@
-//! Loom models of the intake (intake.rs inv. 1–2): a plain job passing it
-//! while a shutdown closes it, while the only worker goes to park, and
-//! while a searching worker takes another job.
+//! Loom models of the intake (intake.rs inv. 1–3): a plain job passing it
+//! while a shutdown closes it, while the only worker goes to park, while a
+//! searching worker takes another job, and jobs finding it full while the
+//! worker empties it.
 //! Listed in the table of `loom_tests.rs`.
 
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -90,4 +91,59 @@ fn intake_vs_a_searcher_taking_a_job() {
         assert!(a.blocking_wait().is_ok());
         drop(pool);
     });
+}
+
+/// Inv. 3: under loom the intake holds two jobs. Three jobs offered while
+/// the one worker's job is held, released from another thread meanwhile:
+/// the third finds the intake full (if the worker has not emptied it yet)
+/// and goes through the lock, whose holder empties it first. All three
+/// run, in the order offered, and the ledger balances.
+#[test]
+fn a_full_intake_vs_the_worker_emptying_it() {
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = warm_pool();
+        let gate = Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
+        let started = Arc::new(AtomicBool::new(false));
+        let (wait, began) = (gate.clone(), started.clone());
+        let held = pool
+            .offload(move |_| {
+                began.store(true, Ordering::SeqCst);
+                let (open, cv) = &*wait;
+                let mut open = open.lock().expect("not poisoned");
+                while !*open {
+                    open = cv.wait(open).expect("not poisoned");
+                }
+            })
+            .spawn()
+            .expect("accepted");
+        let opener = loom::thread::spawn(move || {
+            let (open, cv) = &*gate;
+            *open.lock().expect("not poisoned") = true;
+            cv.notify_all();
+        });
+        let order = Arc::new(loom::sync::Mutex::new(Vec::new()));
+        let jobs: Vec<_> = (0..3)
+            .map(|i| {
+                let order = order.clone();
+                pool.offload(move |_| order.lock().expect("not poisoned").push(i))
+                    .spawn()
+                    .expect("accepted")
+            })
+            .collect();
+        // Whether the held job had started when the three were offered
+        // (then the intake was emptied by nobody but their own lock).
+        BRANCHES.hit(usize::from(started.load(Ordering::SeqCst)));
+        opener.join().expect("the opener");
+        assert!(held.blocking_wait().is_ok());
+        for job in jobs {
+            assert!(job.blocking_wait().is_ok());
+        }
+        assert_eq!(*order.lock().expect("not poisoned"), [0, 1, 2]);
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.completed, 5);
+        drop(pool);
+    });
+    BRANCHES.assert_all(["held job not started yet", "held job started"]);
 }

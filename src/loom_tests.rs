@@ -21,6 +21,7 @@
 //! | `intake_vs_shutdown` (loom_intake.rs) | ARCH 4 and 6; intake.rs inv. 1: a plain job offered at the intake while a shutdown closes it is either refused (function handed back, never run) or accepted and run |
 //! | `intake_vs_parking_worker` (loom_intake.rs) | intake.rs inv. 2: a plain job appended to the intake while the only worker stops searching and parks is seen by it or wakes it; it runs |
 //! | `intake_vs_a_searcher_taking_a_job` (loom_intake.rs) | intake.rs inv. 2 at two permits: a job appended while the only searcher takes another job (its submitter saw a searcher and woke nobody) gets the second worker instead of waiting for the first job's end (that job waits for it: without the searcher's look at the intake, a deadlock) |
+//! | `a_full_intake_vs_the_worker_emptying_it` (loom_intake.rs) | intake.rs inv. 3: jobs offered to a full intake (two slots under loom) while the worker empties it take the lock, which empties it first: every job runs, in the order offered, and the ledger balances |
 //! | `nested_stop_vs_child_offload` (loom_groups.rs) | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
 //! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
 //!

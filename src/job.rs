@@ -56,6 +56,10 @@ pub(crate) trait Task: StopSource {
     /// outcome (inv. 4: `returned` releases the permit first).
     fn run(&self, stop: &StopToken, returned: &mut dyn FnMut(bool));
 
+    /// Whether dropping the function's value runs code (`T` has drop
+    /// glue): then whoever drops the job last, perhaps its worker, runs it.
+    fn result_needs_drop(&self) -> bool;
+
     /// Drops the never-run function and publishes its outcome: the error
     /// its state word names (the caller must have won `Queued → Cancelled`
     /// or `Queued → Unstarted`).
@@ -317,6 +321,10 @@ where
 {
     fn core(&self) -> &JobCore {
         &self.core
+    }
+
+    fn result_needs_drop(&self) -> bool {
+        std::mem::needs_drop::<T>()
     }
 
     fn run(&self, stop: &StopToken, returned: &mut dyn FnMut(bool)) {

@@ -89,6 +89,7 @@ impl Inner {
             // For a wait from inside the function (pool.rs
             // `enter_own_wait`): the key stays this job's while it runs.
             crate::sync::set_current_job(Some(core.key()));
+            let result_drops = task.result_needs_drop();
             task.run(&stop, &mut |did_panic| {
                 // The function returned: release the permit and take the
                 // next job under one lock (S1), before the outcome is
@@ -104,16 +105,22 @@ impl Inner {
                 s.finish(core, did_panic, ran, &mut after);
                 // The next job is marked started in this same critical
                 // section only if nothing foreign runs on this thread before
-                // its function does: no waiter to wake, no detached result
-                // to drop (ARCHITECTURE.md "A job's path"). Otherwise the
-                // worker takes it at its next lock, after that work.
+                // its function does: no waiter to wake, no value of this
+                // job to drop — a detached result, a result with drop glue
+                // (its handle may go at any moment and leave the drop to
+                // this worker), a panic's payload (ARCHITECTURE.md "A job's
+                // path"). Otherwise the worker takes it at its next lock,
+                // after that work.
                 // Pairs with the fence of a caller registering its waker
                 // (job.rs `poll_outcome`): the job is terminal now; either
                 // the hint shows that caller's waker, or the caller sees the
                 // terminal state and takes its waker back.
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
-                let foreign_next =
-                    after.runs_foreign_code() || core.waker_hint() || !core.caller_waiting();
+                let foreign_next = after.runs_foreign_code()
+                    || did_panic
+                    || result_drops
+                    || core.waker_hint()
+                    || !core.caller_waiting();
                 if !foreign_next {
                     following = s.start(now, &mut after);
                 }

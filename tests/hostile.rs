@@ -507,3 +507,140 @@ async fn shutdown_now_reports_lane_by_lane_each_in_submission_order() {
     );
     occupied.release().await;
 }
+
+/// A result whose drop, if it runs on a pool thread, cancels the job
+/// queued behind it and records whether that job's function had begun.
+struct CancelsTheNext {
+    next: Arc<Mutex<Option<offloader::JobHandle<()>>>>,
+    next_begun: Arc<AtomicBool>,
+    seen: Arc<Mutex<Option<(bool, bool)>>>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl Drop for CancelsTheNext {
+    fn drop(&mut self) {
+        let on_worker = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("offloader"));
+        if on_worker {
+            let next = self.next.lock().expect("not poisoned");
+            let cancelled = next.as_ref().is_some_and(|h| h.cancel());
+            *self.seen.lock().expect("not poisoned") =
+                Some((cancelled, self.next_begun.load(Ordering::SeqCst)));
+        }
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Regression (hostile review): a job's handle dropped just after its
+/// outcome was published left the last reference, and the result's drop,
+/// to the worker, which had already marked the next job started in the
+/// same critical section: that job was uncancellable while its function
+/// had not begun (194 of 200 iterations). A result with drop glue now ends
+/// the chain: the next job is started after the drop, and a cancel from
+/// inside the drop wins.
+#[test]
+fn a_result_dropped_by_the_worker_runs_before_the_next_job_is_started() {
+    let pool = pool(1, 16);
+    support::warm(&pool);
+    for _ in 0..200 {
+        let (open, hold) = gate();
+        let next = Arc::new(Mutex::new(None));
+        let next_begun = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(None));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let result = CancelsTheNext {
+            next: next.clone(),
+            next_begun: next_begun.clone(),
+            seen: seen.clone(),
+            dropped: dropped.clone(),
+        };
+        let first = pool
+            .offload(move |_| {
+                hold.wait();
+                result
+            })
+            .spawn()
+            .expect("room");
+        let begun = next_begun.clone();
+        *next.lock().expect("not poisoned") = Some(
+            pool.offload(move |_| begun.store(true, Ordering::SeqCst))
+                .spawn()
+                .expect("room"),
+        );
+        open.open();
+        while !first.is_finished() {
+            std::hint::spin_loop();
+        }
+        // Dropped right after the outcome is published.
+        drop(first);
+        support::eventually_blocking("the result dropped", || dropped.load(Ordering::SeqCst));
+        let next = next
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .expect("the handle");
+        let outcome = next.blocking_wait();
+        let seen = *seen.lock().expect("not poisoned");
+        if let Some((cancelled, begun)) = seen {
+            assert!(
+                cancelled || begun,
+                "a cancel was refused for a job whose function had not begun"
+            );
+            assert_eq!(outcome.is_ok(), !cancelled, "{outcome:?}");
+        }
+    }
+}
+
+/// A panic's payload is dropped by the worker, user code again: the job
+/// queued behind it is started only after that drop, so a cancel from
+/// inside the drop wins and the job never runs.
+#[test]
+fn a_panic_payload_is_dropped_before_the_next_job_is_started() {
+    quiet_deliberate_panics();
+    let pool = pool(1, 16);
+    support::warm(&pool);
+    for _ in 0..20 {
+        let (open, hold) = gate();
+        let next = Arc::new(Mutex::new(None));
+        let next_begun = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(None));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let payload = CancelsTheNext {
+            next: next.clone(),
+            next_begun: next_begun.clone(),
+            seen: seen.clone(),
+            dropped: dropped.clone(),
+        };
+        let first = pool
+            .offload(move |_| -> () {
+                hold.wait();
+                std::panic::panic_any(payload)
+            })
+            .spawn()
+            .expect("room");
+        let begun = next_begun.clone();
+        *next.lock().expect("not poisoned") = Some(
+            pool.offload(move |_| begun.store(true, Ordering::SeqCst))
+                .spawn()
+                .expect("room"),
+        );
+        open.open();
+        // No waker registered: nothing else holds the next job back.
+        support::eventually_blocking("the payload dropped", || dropped.load(Ordering::SeqCst));
+        assert!(matches!(first.blocking_wait(), Err(Error::Panicked { .. })));
+        let next = next
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .expect("the handle");
+        let outcome = next.blocking_wait();
+        let seen = *seen.lock().expect("not poisoned");
+        assert_eq!(seen, Some((true, false)), "cancelled before it began");
+        assert!(
+            matches!(outcome, Err(Error::Cancelled { .. })),
+            "{outcome:?}"
+        );
+        assert!(!next_begun.load(Ordering::SeqCst));
+    }
+}

@@ -68,8 +68,8 @@ pin_project_lite::pin_project! {
     pub struct OffloadFuture<F, T> {
         pool: Offloader,
         began: Began,
-        // Whether this caller already spent its one short spin (pool.rs
-        // `caller_spin`).
+        // Whether this caller already spent its one short spin
+        // (caller_spin.rs).
         spun: bool,
         limit: Option<Duration>,
         policy: AbandonPolicy,
@@ -165,9 +165,7 @@ where
                         *this.hold = None;
                         return Poll::Ready(outcome);
                     }
-                    if !std::mem::replace(this.spun, true)
-                        && handle.spin_until_finished(crate::worker::caller_spin(this.pool.inner()))
-                    {
+                    if !std::mem::replace(this.spun, true) && handle.spin_briefly() {
                         continue;
                     }
                     // Under a paused test clock, an await of pool work holds

@@ -215,23 +215,29 @@ impl<T> JobHandle<T> {
         }
     }
 
-    /// Spins up to `budget` for the outcome; `true` if it is ready.
-    pub(crate) fn spin_until_finished(&self, budget: Duration) -> bool {
+    /// Spins for the outcome as long as the pool's callers may now
+    /// (caller_spin.rs), and tells it whether the spin paid; `true` if the
+    /// outcome is ready.
+    pub(crate) fn spin_briefly(&self) -> bool {
+        let spin = &self.pool.caller_spin;
+        let budget = spin.budget();
         if budget.is_zero() {
             return false;
         }
         let began = Instant::now();
-        loop {
+        let found = loop {
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
             if self.is_finished() {
-                return true;
+                break true;
             }
             if began.elapsed() >= budget {
-                return false;
+                break false;
             }
-        }
+        };
+        spin.note(found);
+        found
     }
 
     /// The outcome if it is ready now, without waiting.

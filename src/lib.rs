@@ -54,6 +54,7 @@ mod offload;
 
 mod awaited;
 mod batch;
+mod caller_spin;
 #[cfg(feature = "tokio-util")]
 mod interop;
 mod map;

@@ -9,7 +9,6 @@
 //! (`docs/ARCHITECTURE.md`) states the invariants this module keeps.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use crate::config::{Builder, Config};
@@ -116,7 +115,7 @@ impl Offloader {
                 changed: Condvar::new(),
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
-                recent_run_ns: Padded(AtomicU64::new(1_000_000)),
+                caller_spin: crate::caller_spin::CallerSpin::new(),
                 spinner: Padded(std::sync::atomic::AtomicBool::new(false)),
                 doorbell,
                 clock_holds: std::sync::Arc::new(crate::clock::ClockHolds::new({
@@ -230,8 +229,8 @@ pub(crate) struct Inner {
     /// This pool, for work done from a `&self` path that may spawn a
     /// worker (a limiter's wake-up).
     me: std::sync::Weak<Inner>,
-    /// Moving average of recent run times (ns): may a caller spin?
-    pub(crate) recent_run_ns: Padded<AtomicU64>,
+    /// May an awaiting caller spin, and how long (caller_spin.rs)?
+    pub(crate) caller_spin: crate::caller_spin::CallerSpin,
     /// Set while a worker spins for work (worker.rs `claim_spin`): one
     /// spins at a time, so that idle workers do not take every core from
     /// the threads that submit (ARCHITECTURE.md "Spinning"). A hint: no

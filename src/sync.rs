@@ -19,6 +19,11 @@ pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread;
 
+/// Whether workers and callers spin before they park (worker.rs,
+/// caller_spin.rs): spinning saves a futex wake-up when jobs arrive back
+/// to back. Off under loom, whose scheduler cannot preempt a spin loop.
+pub(crate) const SPIN: bool = cfg!(not(loom));
+
 /// `std`'s `Arc` in both builds: jobs are shared as `Arc<dyn Task>` and the
 /// pool as `self: &Arc<Self>`, neither of which loom's `Arc` supports
 /// (unsized coercion and arbitrary self types are unstable). Reference

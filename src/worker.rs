@@ -29,33 +29,8 @@ use crate::sync::{park_timeout, thread, Arc};
 /// whatever lets it go, or gives its job a permit, claims it sooner.
 const KEPT_PARK: Duration = Duration::from_secs(1);
 
-/// Spinning before parking saves a futex wake-up when jobs arrive back to
-/// back. Off under loom, whose scheduler cannot preempt a spin loop.
-pub(crate) const SPIN: bool = cfg!(not(loom));
-/// Callers spin for an outcome only while recent jobs ran shorter than this.
-const CALLER_SPIN_MAX_RUN_NS: u64 = 5_000;
-/// The longest a caller spins before it parks: well under the tens of
-/// microseconds an async task may run between awaits.
-const CALLER_SPIN_BUDGET: Duration = Duration::from_micros(20);
 /// How long a worker spins (then yields) before it parks.
 const SPIN_BUDGET: Duration = Duration::from_micros(50);
-
-/// How long an awaiting caller may spin for the outcome of a job it just
-/// submitted before it parks: a wake-up of a parked async thread costs
-/// more than a short job, so when recent jobs were short the caller looks
-/// for the outcome for a few microseconds first. Zero when recent jobs
-/// were not short, and under loom.
-pub(crate) fn caller_spin(inner: &Inner) -> Duration {
-    if !SPIN {
-        return Duration::ZERO;
-    }
-    // ORDERING: a hint; no proof rests on it.
-    let recent = inner.recent_run_ns.load(StdOrdering::Relaxed);
-    if recent > CALLER_SPIN_MAX_RUN_NS {
-        return Duration::ZERO;
-    }
-    Duration::from_nanos(4 * recent + 2_000).min(CALLER_SPIN_BUDGET)
-}
 
 impl Inner {
     /// Whether the current thread is one of this pool's workers.
@@ -97,7 +72,7 @@ impl Inner {
                 panicked = did_panic;
                 let now = crate::id::now_ns();
                 ran = core.clock_at(now);
-                self.note_run_time(ran);
+                self.caller_spin.note_run_time(ran);
                 let mut s = self.lock();
                 if std::mem::take(&mut owed) {
                     s.published(1, &mut after);
@@ -157,19 +132,6 @@ impl Inner {
         quietly(|| tracing::trace!("worker thread exiting"));
     }
 
-    /// Folds one run time into the moving average callers spin by.
-    fn note_run_time(&self, ran: Duration) {
-        // ORDERING: a hint for callers deciding whether to spin.
-        let old = self.recent_run_ns.load(StdOrdering::Relaxed);
-        let new = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
-        let average = old - old / 8 + new / 8;
-        // Written only when it moved by more than a sixteenth (and 64 ns):
-        // every awaiting caller reads it.
-        if average.abs_diff(old) > (old / 16).max(64) {
-            self.recent_run_ns.store(average, StdOrdering::Relaxed);
-        }
-    }
-
     /// Returns the next job, spinning then parking while there is none;
     /// `None` when this worker should exit (shutdown or keep-alive expiry),
     /// in which case it has already retired. `searching` says whether this
@@ -219,7 +181,7 @@ impl Inner {
             }
             // ORDERING: a hint (one spinner at a time); `claim_spin` decides.
             let other_spins = self.spinner.load(StdOrdering::Relaxed);
-            if SPIN && !spun && (searching || s.searching() == 0) && !other_spins {
+            if crate::sync::SPIN && !spun && (searching || s.searching() == 0) && !other_spins {
                 if !searching {
                     s.begin_search();
                     searching = true;

@@ -644,3 +644,40 @@ fn a_panic_payload_is_dropped_before_the_next_job_is_started() {
         assert!(!next_begun.load(Ordering::SeqCst));
     }
 }
+
+/// Counts its drops.
+struct CountsDrops(Arc<AtomicUsize>);
+
+impl Drop for CountsDrops {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A worker that chains jobs whose result type has drop glue keeps their
+/// last references until the chain ends (at most 16): none is kept past
+/// it. 100 such jobs run back to back while their handles live; the
+/// handles are dropped once all have finished, without taking the values;
+/// once the pool is idle every result has been dropped exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_kept_while_a_chain_runs_are_dropped_when_it_ends() {
+    let pool = pool(1, 200);
+    let held = occupy(&pool, 1).await;
+    let drops = Arc::new(AtomicUsize::new(0));
+    let jobs: Vec<_> = (0..100)
+        .map(|_| {
+            let d = drops.clone();
+            pool.offload(move |_| CountsDrops(d)).spawn().expect("room")
+        })
+        .collect();
+    held.release().await;
+    within("every job finished", async {
+        while !jobs.iter().all(|j| j.is_finished()) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    drop(jobs);
+    within("idle", pool.idle()).await;
+    assert_eq!(drops.load(Ordering::SeqCst), 100);
+}

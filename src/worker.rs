@@ -29,10 +29,6 @@ use crate::sync::{park_timeout, thread, Arc};
 /// whatever lets it go, or gives its job a permit, claims it sooner.
 const KEPT_PARK: Duration = Duration::from_secs(1);
 
-/// Chained jobs whose result type has drop glue whose last references a
-/// worker keeps until its chain of jobs ends (`work_loop`): at most this
-/// many, then the chain ends.
-const DEFERRED_DROPS: usize = 16;
 /// How long a worker spins (then yields) before it parks.
 const SPIN_BUDGET: Duration = Duration::from_micros(50);
 
@@ -52,12 +48,6 @@ impl Inner {
         // `owed`: this worker published an outcome still counted as
         // unpublished.
         let mut owed = false;
-        // References to chained jobs whose result type has drop glue: the
-        // handle may be dropped at any moment after the chaining decision
-        // and leave the last reference, and the drop, to this worker, so
-        // they are dropped when the chain ends, with no job of this worker
-        // marked started.
-        let mut deferred: Vec<Arc<dyn Task>> = Vec::new();
         let mut next = self.wait_for_work(me, slot, true, &mut owed);
         while let Some(task) = next {
             let core = task.core();
@@ -91,11 +81,11 @@ impl Inner {
                 // The next job is marked started in this same critical
                 // section only if nothing foreign runs on this thread before
                 // its function does: no waiter to wake, no value of this
-                // job to drop — a detached result, a panic's payload
-                // (ARCHITECTURE.md "A job's path"); a result with drop glue
-                // waits in `deferred` until the chain ends, at most
-                // DEFERRED_DROPS of them. Otherwise the worker takes the
-                // next job at its next lock, after that work.
+                // job to drop — a detached result, a result with drop glue
+                // (its handle may go at any moment and leave the drop to
+                // this worker), a panic's payload (ARCHITECTURE.md "A job's
+                // path"). Otherwise the worker takes it at its next lock,
+                // after that work.
                 // Pairs with the fence of a caller registering its waker
                 // (job.rs `poll_outcome`): the job is terminal now; either
                 // the hint shows that caller's waker, or the caller sees the
@@ -103,7 +93,7 @@ impl Inner {
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
                 let foreign_next = after.runs_foreign_code()
                     || did_panic
-                    || (result_drops && deferred.len() >= DEFERRED_DROPS)
+                    || result_drops
                     || core.waker_hint()
                     || !core.caller_waiting();
                 if !foreign_next {
@@ -122,16 +112,8 @@ impl Inner {
             quietly(move || drop(span));
             self.after(after);
             let group = core.membership().map(|m| m.group);
-            // Drops a detached job's result: user code, caught if it
-            // panics; not while the next job is marked started.
-            if following.is_none() {
-                drop_quietly(task);
-                deferred.drain(..).for_each(drop_quietly);
-            } else if result_drops {
-                deferred.push(task);
-            } else {
-                drop_quietly(task);
-            }
+            // Drops a detached job's result: user code, caught if it panics.
+            drop_quietly(task);
             if group.is_some() {
                 // Settled now, not at this worker's next lock: that may be
                 // after the next job, of another group, has run (a group's

@@ -62,9 +62,13 @@ impl CallerSpin {
             return Duration::ZERO;
         }
         let misses = self.misses.load(Ordering::Relaxed);
-        if misses >= MISSES && (misses - MISSES) % PROBE != PROBE - 1 {
+        if misses >= MISSES {
+            // Counted for the probe too, so that the callers that ask
+            // while it spins do not all probe.
             self.misses.store(misses.wrapping_add(1), Ordering::Relaxed);
-            return Duration::ZERO;
+            if (misses - MISSES) % PROBE != PROBE - 1 {
+                return Duration::ZERO;
+            }
         }
         Duration::from_nanos(4 * recent + 2_000).min(BUDGET)
     }
@@ -131,6 +135,19 @@ mod tests {
         spin.note(true);
         assert!(!spin.budget().is_zero());
         assert!(!spin.budget().is_zero());
+    }
+
+    /// Regression (hostile review): every caller that asked while the
+    /// probe spun probed too.
+    #[test]
+    fn one_caller_probes_at_a_time() {
+        let spin = short_jobs();
+        for _ in 0..MISSES {
+            assert!(!spin.budget().is_zero());
+            spin.note(false);
+        }
+        while spin.budget().is_zero() {}
+        assert!(spin.budget().is_zero(), "the probe is out");
     }
 
     #[test]

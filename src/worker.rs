@@ -83,9 +83,10 @@ impl Inner {
                 // its function does: no waiter to wake, no value of this
                 // job to drop — a detached result, a result with drop glue
                 // (its handle may go at any moment and leave the drop to
-                // this worker), a panic's payload (ARCHITECTURE.md "A job's
-                // path"). Otherwise the worker takes it at its next lock,
-                // after that work.
+                // this worker), a panic's payload — and no group of this
+                // job to settle (its idle waiters may be woken)
+                // (ARCHITECTURE.md "A job's path"). Otherwise the worker
+                // takes it at its next lock, after that work.
                 // Pairs with the fence of a caller registering its waker
                 // (job.rs `poll_outcome`): the job is terminal now; either
                 // the hint shows that caller's waker, or the caller sees the
@@ -94,6 +95,7 @@ impl Inner {
                 let foreign_next = after.runs_foreign_code()
                     || did_panic
                     || result_drops
+                    || core.membership().is_some()
                     || core.waker_hint()
                     || !core.caller_waiting();
                 if !foreign_next {

@@ -644,3 +644,191 @@ fn a_panic_payload_is_dropped_before_the_next_job_is_started() {
         assert!(!next_begun.load(Ordering::SeqCst));
     }
 }
+
+/// Counts its drops.
+struct CountsDrops(Arc<AtomicUsize>);
+
+impl Drop for CountsDrops {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Regression (hostile review of a version that kept such results until
+/// its chain of jobs ended): the last handle of a finished job, dropped
+/// without taking the value, releases it at once, though the worker has
+/// gone on to the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_of_a_finished_job_releases_its_value() {
+    let pool = pool(1, 16);
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (open_a, hold_a) = gate();
+    let d = drops.clone();
+    let a = pool
+        .offload(move |_| {
+            hold_a.wait();
+            CountsDrops(d)
+        })
+        .spawn()
+        .expect("room");
+    let (started, mut b_started) = signal();
+    let (open_b, hold_b) = gate();
+    let b = pool
+        .offload(move |_| {
+            let _ = started.send(());
+            hold_b.wait();
+        })
+        .spawn()
+        .expect("room");
+    open_a.open();
+    recv("the next job started", &mut b_started).await;
+    assert!(a.is_finished());
+    drop(a);
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "released with its handle");
+    open_b.open();
+    within("the next job", b).await.expect("runs");
+}
+
+/// Wakes by calling `on_wake`.
+struct OnWake(Box<dyn Fn() + Send + Sync>);
+
+impl Wake for OnWake {
+    fn wake(self: Arc<Self>) {
+        (self.0)();
+    }
+}
+
+/// What a waker saw of the job queued next: whether its cancel won and
+/// whether the job's function had begun.
+#[derive(Clone, Default)]
+struct NextJob {
+    handle: Arc<Mutex<Option<offloader::JobHandle<()>>>>,
+    begun: Arc<AtomicBool>,
+    seen: Arc<Mutex<Option<(bool, bool)>>>,
+}
+
+impl NextJob {
+    fn queue(&self, pool: &Offloader) {
+        let begun = self.begun.clone();
+        *self.handle.lock().expect("not poisoned") = Some(
+            pool.offload(move |_| begun.store(true, Ordering::SeqCst))
+                .spawn()
+                .expect("room"),
+        );
+    }
+
+    fn waker(&self) -> Waker {
+        let me = self.clone();
+        Waker::from(Arc::new(OnWake(Box::new(move || {
+            if let Some(h) = me.handle.lock().expect("not poisoned").as_ref() {
+                let begun = me.begun.load(Ordering::SeqCst);
+                let won = h.cancel();
+                me.seen
+                    .lock()
+                    .expect("not poisoned")
+                    .get_or_insert((won, begun));
+            }
+        }))))
+    }
+
+    /// The cancel from the waker was refused while the function had not
+    /// begun.
+    fn refused_before_begun(&self) -> bool {
+        *self.seen.lock().expect("not poisoned") == Some((false, false))
+    }
+
+    /// Waits for the job to end, its handle left in place for the waker
+    /// until then.
+    fn wait(&self) {
+        support::eventually_blocking("the next job ended", || {
+            self.handle
+                .lock()
+                .expect("not poisoned")
+                .as_ref()
+                .is_some_and(|h| h.is_finished())
+        });
+        let h = self.handle.lock().expect("not poisoned").take();
+        if let Some(h) = h {
+            let _ = h.blocking_wait();
+        }
+    }
+}
+
+/// Regression (hostile review): a group's idle waiters were woken on the
+/// worker after it had marked the next job started (200 of 200): a job of
+/// a group no longer chains the next one.
+#[test]
+fn a_group_idle_waker_runs_before_the_next_job_is_started() {
+    let pool = pool(1, 16);
+    support::warm(&pool);
+    for _ in 0..50 {
+        let group = pool.group();
+        let next = NextJob::default();
+        let (open, hold) = gate();
+        let first = group.offload(move |_| hold.wait()).spawn().expect("room");
+        next.queue(&pool);
+        let waker = next.waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut idle = Box::pin(group.idle());
+        assert!(idle.as_mut().poll(&mut cx).is_pending());
+        open.open();
+        support::eventually_blocking("the idle waiter woken", || {
+            next.seen.lock().expect("not poisoned").is_some()
+        });
+        next.wait();
+        assert!(
+            !next.refused_before_begun(),
+            "cancel refused before the function began"
+        );
+        drop(first);
+    }
+}
+
+/// Regression (hostile review): a job's limiter permit, given back to
+/// another pool, woke that pool's room waiter on this worker after it had
+/// marked the next job started (100 of 100).
+#[test]
+fn another_pools_waiter_woken_by_a_limiter_runs_before_the_next_job_is_started() {
+    let one = support::builder(1, 16).build().expect("valid");
+    let two = support::builder(1, 1).build().expect("valid");
+    support::warm(&one);
+    support::warm(&two);
+    for _ in 0..30 {
+        let limiter = offloader::Limiter::new(1);
+        let next = NextJob::default();
+        let (open, hold) = gate();
+        let first = one
+            .offload(move |_| hold.wait())
+            .limiter(&limiter)
+            .spawn()
+            .expect("room");
+        support::eventually_blocking("the first job holds the limiter", || {
+            limiter.stats().in_use == 1
+        });
+        next.queue(&one);
+        let blocked = two.offload(|_| ()).limiter(&limiter).spawn().expect("room");
+        support::eventually_blocking("a lane of the other pool waits", || {
+            limiter.stats().pools_waiting == 1
+        });
+        let waker = next.waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut waiting = Box::pin(two.offload(|_| ()).limiter(&limiter).submit());
+        assert!(
+            waiting.as_mut().poll(&mut cx).is_pending(),
+            "the other pool is full"
+        );
+        open.open();
+        next.wait();
+        assert!(
+            !next.refused_before_begun(),
+            "cancel refused before the function began"
+        );
+        let _ = first.blocking_wait();
+        let _ = blocked.blocking_wait();
+        let noop = Waker::noop();
+        let mut cx = Context::from_waker(noop);
+        support::eventually_blocking("the waiting caller admitted", || {
+            waiting.as_mut().poll(&mut cx).is_ready()
+        });
+    }
+}

@@ -159,9 +159,13 @@ impl After {
             && !find_worker
     }
 
-    /// Whether carrying this out runs foreign code (waiters' wakers).
+    /// Whether carrying this out runs foreign code (waiters' wakers; a
+    /// limiter's permit given to another pool, which wakes its waiters).
     pub(crate) fn runs_foreign_code(&self) -> bool {
-        self.room != Room::None || self.settled || !self.idle_groups.is_empty()
+        self.room != Room::None
+            || self.settled
+            || !self.idle_groups.is_empty()
+            || !self.limiter_wakes.is_empty()
     }
 }
 

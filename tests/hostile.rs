@@ -832,3 +832,32 @@ fn another_pools_waiter_woken_by_a_limiter_runs_before_the_next_job_is_started()
         });
     }
 }
+
+/// The awaiting caller's waker runs on the worker that finished the job:
+/// the next job is started only after it, so a cancel from inside the
+/// waker wins (the worker reads the "waker registered" hint).
+#[test]
+fn an_awaiting_caller_s_waker_runs_before_the_next_job_is_started() {
+    let pool = pool(1, 16);
+    support::warm(&pool);
+    for _ in 0..50 {
+        let next = NextJob::default();
+        let (open, hold) = gate();
+        let mut first = pool.offload(move |_| hold.wait()).spawn().expect("room");
+        next.queue(&pool);
+        let waker = next.waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut first).poll(&mut cx).is_pending());
+        open.open();
+        support::eventually_blocking("the caller's waker ran", || {
+            next.seen.lock().expect("not poisoned").is_some()
+        });
+        assert_eq!(
+            *next.seen.lock().expect("not poisoned"),
+            Some((true, false)),
+            "the next job cancelled before it began"
+        );
+        next.wait();
+        assert!(!next.begun.load(Ordering::SeqCst));
+    }
+}

@@ -511,9 +511,7 @@ async fn shutdown_now_reports_lane_by_lane_each_in_submission_order() {
 /// A result whose drop, if it runs on a pool thread, cancels the job
 /// queued behind it and records whether that job's function had begun.
 struct CancelsTheNext {
-    next: Arc<Mutex<Option<offloader::JobHandle<()>>>>,
-    next_begun: Arc<AtomicBool>,
-    seen: Arc<Mutex<Option<(bool, bool)>>>,
+    next: NextJob,
     dropped: Arc<AtomicBool>,
 }
 
@@ -523,10 +521,7 @@ impl Drop for CancelsTheNext {
             .name()
             .is_some_and(|n| n.starts_with("offloader"));
         if on_worker {
-            let next = self.next.lock().expect("not poisoned");
-            let cancelled = next.as_ref().is_some_and(|h| h.cancel());
-            *self.seen.lock().expect("not poisoned") =
-                Some((cancelled, self.next_begun.load(Ordering::SeqCst)));
+            self.next.fire();
         }
         self.dropped.store(true, Ordering::SeqCst);
     }
@@ -545,14 +540,10 @@ fn a_result_dropped_by_the_worker_runs_before_the_next_job_is_started() {
     support::warm(&pool);
     for _ in 0..200 {
         let (open, hold) = gate();
-        let next = Arc::new(Mutex::new(None));
-        let next_begun = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(None));
+        let next = NextJob::default();
         let dropped = Arc::new(AtomicBool::new(false));
         let result = CancelsTheNext {
             next: next.clone(),
-            next_begun: next_begun.clone(),
-            seen: seen.clone(),
             dropped: dropped.clone(),
         };
         let first = pool
@@ -562,12 +553,7 @@ fn a_result_dropped_by_the_worker_runs_before_the_next_job_is_started() {
             })
             .spawn()
             .expect("room");
-        let begun = next_begun.clone();
-        *next.lock().expect("not poisoned") = Some(
-            pool.offload(move |_| begun.store(true, Ordering::SeqCst))
-                .spawn()
-                .expect("room"),
-        );
+        next.queue(&pool);
         open.open();
         while !first.is_finished() {
             std::hint::spin_loop();
@@ -575,13 +561,8 @@ fn a_result_dropped_by_the_worker_runs_before_the_next_job_is_started() {
         // Dropped right after the outcome is published.
         drop(first);
         support::eventually_blocking("the result dropped", || dropped.load(Ordering::SeqCst));
-        let next = next
-            .lock()
-            .expect("not poisoned")
-            .take()
-            .expect("the handle");
-        let outcome = next.blocking_wait();
-        let seen = *seen.lock().expect("not poisoned");
+        let outcome = next.wait().expect("the handle");
+        let seen = *next.seen.lock().expect("not poisoned");
         if let Some((cancelled, begun)) = seen {
             assert!(
                 cancelled || begun,
@@ -602,14 +583,10 @@ fn a_panic_payload_is_dropped_before_the_next_job_is_started() {
     support::warm(&pool);
     for _ in 0..20 {
         let (open, hold) = gate();
-        let next = Arc::new(Mutex::new(None));
-        let next_begun = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(None));
+        let next = NextJob::default();
         let dropped = Arc::new(AtomicBool::new(false));
         let payload = CancelsTheNext {
             next: next.clone(),
-            next_begun: next_begun.clone(),
-            seen: seen.clone(),
             dropped: dropped.clone(),
         };
         let first = pool
@@ -619,29 +596,19 @@ fn a_panic_payload_is_dropped_before_the_next_job_is_started() {
             })
             .spawn()
             .expect("room");
-        let begun = next_begun.clone();
-        *next.lock().expect("not poisoned") = Some(
-            pool.offload(move |_| begun.store(true, Ordering::SeqCst))
-                .spawn()
-                .expect("room"),
-        );
+        next.queue(&pool);
         open.open();
         // No waker registered: nothing else holds the next job back.
         support::eventually_blocking("the payload dropped", || dropped.load(Ordering::SeqCst));
         assert!(matches!(first.blocking_wait(), Err(Error::Panicked { .. })));
-        let next = next
-            .lock()
-            .expect("not poisoned")
-            .take()
-            .expect("the handle");
-        let outcome = next.blocking_wait();
-        let seen = *seen.lock().expect("not poisoned");
+        let outcome = next.wait().expect("the handle");
+        let seen = *next.seen.lock().expect("not poisoned");
         assert_eq!(seen, Some((true, false)), "cancelled before it began");
         assert!(
             matches!(outcome, Err(Error::Cancelled { .. })),
             "{outcome:?}"
         );
-        assert!(!next_begun.load(Ordering::SeqCst));
+        assert!(!next.begun.load(Ordering::SeqCst));
     }
 }
 
@@ -717,18 +684,23 @@ impl NextJob {
         );
     }
 
+    /// Cancels the job, recording (the first time) whether the cancel won
+    /// and whether its function had begun.
+    fn fire(&self) {
+        if let Some(h) = self.handle.lock().expect("not poisoned").as_ref() {
+            let begun = self.begun.load(Ordering::SeqCst);
+            let won = h.cancel();
+            self.seen
+                .lock()
+                .expect("not poisoned")
+                .get_or_insert((won, begun));
+        }
+    }
+
+    /// A waker that [`fire`](Self::fire)s.
     fn waker(&self) -> Waker {
         let me = self.clone();
-        Waker::from(Arc::new(OnWake(Box::new(move || {
-            if let Some(h) = me.handle.lock().expect("not poisoned").as_ref() {
-                let begun = me.begun.load(Ordering::SeqCst);
-                let won = h.cancel();
-                me.seen
-                    .lock()
-                    .expect("not poisoned")
-                    .get_or_insert((won, begun));
-            }
-        }))))
+        Waker::from(Arc::new(OnWake(Box::new(move || me.fire()))))
     }
 
     /// The cancel from the waker was refused while the function had not
@@ -738,19 +710,17 @@ impl NextJob {
     }
 
     /// Waits for the job to end, its handle left in place for the waker
-    /// until then.
-    fn wait(&self) {
+    /// until then; its outcome, if it was queued.
+    fn wait(&self) -> Option<Result<(), Error>> {
         support::eventually_blocking("the next job ended", || {
             self.handle
                 .lock()
                 .expect("not poisoned")
                 .as_ref()
-                .is_some_and(|h| h.is_finished())
+                .is_none_or(|h| h.is_finished())
         });
         let h = self.handle.lock().expect("not poisoned").take();
-        if let Some(h) = h {
-            let _ = h.blocking_wait();
-        }
+        h.map(|h| h.blocking_wait())
     }
 }
 

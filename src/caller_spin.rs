@@ -113,13 +113,18 @@ mod tests {
         spin
     }
 
-    #[test]
-    fn callers_stop_after_misses_in_a_row_then_probe() {
-        let spin = short_jobs();
-        for _ in 0..MISSES {
+    /// `n` awaits that may spin and whose spins find nothing.
+    fn misses(spin: &CallerSpin, n: u32) {
+        for _ in 0..n {
             assert!(!spin.budget().is_zero());
             spin.note(false);
         }
+    }
+
+    #[test]
+    fn callers_stop_after_misses_in_a_row_then_probe() {
+        let spin = short_jobs();
+        misses(&spin, MISSES);
         // Stopped: zero until the probe, one in PROBE awaits.
         let mut zeros = 0;
         while spin.budget().is_zero() {
@@ -142,10 +147,7 @@ mod tests {
     #[test]
     fn one_caller_probes_at_a_time() {
         let spin = short_jobs();
-        for _ in 0..MISSES {
-            assert!(!spin.budget().is_zero());
-            spin.note(false);
-        }
+        misses(&spin, MISSES);
         while spin.budget().is_zero() {}
         assert!(spin.budget().is_zero(), "the probe is out");
     }
@@ -157,10 +159,7 @@ mod tests {
             spin.note(false);
         }
         spin.note(true);
-        for _ in 0..MISSES - 1 {
-            assert!(!spin.budget().is_zero());
-            spin.note(false);
-        }
+        misses(&spin, MISSES - 1);
         assert!(!spin.budget().is_zero());
     }
 

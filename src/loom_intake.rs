@@ -10,6 +10,34 @@ use loom::sync::Arc;
 use crate::loom_tests::{shutdown_vs_submit_on, Branches};
 use crate::Offloader;
 
+/// A flag one thread waits on until another sets it (loom's mutex and
+/// condition variable).
+#[derive(Clone)]
+struct Gate(Arc<(loom::sync::Mutex<bool>, loom::sync::Condvar)>);
+
+impl Gate {
+    fn new() -> Self {
+        Gate(Arc::new((
+            loom::sync::Mutex::new(false),
+            loom::sync::Condvar::new(),
+        )))
+    }
+
+    fn wait(&self) {
+        let (flag, cv) = &*self.0;
+        let mut set = flag.lock().expect("not poisoned");
+        while !*set {
+            set = cv.wait(set).expect("not poisoned");
+        }
+    }
+
+    fn open(&self) {
+        let (flag, cv) = &*self.0;
+        *flag.lock().expect("not poisoned") = true;
+        cv.notify_all();
+    }
+}
+
 /// A one-permit pool with its intake on, whose worker lives (the intake
 /// opens once one does): its first job went through the lock and ran.
 fn warm_pool() -> Offloader {
@@ -67,26 +95,13 @@ fn intake_vs_a_searcher_taking_a_job() {
         };
         let first = pool.offload(|_| ()).spawn().expect("accepted");
         assert!(first.blocking_wait().is_ok());
-        let done = Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
-        let (wait, set) = (done.clone(), done);
+        let done = Gate::new();
+        let set = done.clone();
         let a = pool
-            .offload(move |_| {
-                let (flag, cv) = &*wait;
-                let mut set = flag.lock().expect("not poisoned");
-                while !*set {
-                    set = cv.wait(set).expect("not poisoned");
-                }
-            })
+            .offload(move |_| done.wait())
             .spawn()
             .expect("accepted");
-        let b = pool
-            .offload(move |_| {
-                let (flag, cv) = &*set;
-                *flag.lock().expect("not poisoned") = true;
-                cv.notify_all();
-            })
-            .spawn()
-            .expect("accepted");
+        let b = pool.offload(move |_| set.open()).spawn().expect("accepted");
         assert!(b.blocking_wait().is_ok());
         assert!(a.blocking_wait().is_ok());
         drop(pool);
@@ -103,25 +118,17 @@ fn a_full_intake_vs_the_worker_emptying_it() {
     static BRANCHES: Branches<2> = Branches::new();
     loom::model(|| {
         let pool = warm_pool();
-        let gate = Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
+        let gate = Gate::new();
         let started = Arc::new(AtomicBool::new(false));
         let (wait, began) = (gate.clone(), started.clone());
         let held = pool
             .offload(move |_| {
                 began.store(true, Ordering::SeqCst);
-                let (open, cv) = &*wait;
-                let mut open = open.lock().expect("not poisoned");
-                while !*open {
-                    open = cv.wait(open).expect("not poisoned");
-                }
+                wait.wait();
             })
             .spawn()
             .expect("accepted");
-        let opener = loom::thread::spawn(move || {
-            let (open, cv) = &*gate;
-            *open.lock().expect("not poisoned") = true;
-            cv.notify_all();
-        });
+        let opener = loom::thread::spawn(move || gate.open());
         let order = Arc::new(loom::sync::Mutex::new(Vec::new()));
         let jobs: Vec<_> = (0..3)
             .map(|i| {

@@ -169,6 +169,26 @@ fn shutdown_now_racing_the_intake_runs_or_reports_every_job() {
     }
 }
 
+/// Spawns `n` jobs needing `limiter`, each recording its index as it
+/// runs: the record, and the handles in submission order.
+fn limited_jobs_in_order(
+    pool: &Offloader,
+    limiter: &Limiter,
+    n: usize,
+) -> (Arc<Mutex<Vec<usize>>>, Vec<offloader::JobHandle<()>>) {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let jobs = (0..n)
+        .map(|i| {
+            let order = order.clone();
+            pool.offload(move |_stop| order.lock().expect("not poisoned").push(i))
+                .limiter(limiter)
+                .spawn()
+                .expect("room")
+        })
+        .collect();
+    (order, jobs)
+}
+
 /// A job needing a limiter passes the intake: its limiter counts it as
 /// waiting as soon as `spawn` returns, it waits in its own lane while the
 /// limiter is full (holding back no plain job), and the jobs it waits with
@@ -189,16 +209,7 @@ async fn a_limited_job_passes_the_intake_and_waits_for_its_limiter() {
         .spawn()
         .expect("room");
     recv("the holder started", &mut entered).await;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let jobs: Vec<_> = (0..10)
-        .map(|i| {
-            let order = order.clone();
-            pool.offload(move |_stop| order.lock().expect("not poisoned").push(i))
-                .limiter(&limiter)
-                .spawn()
-                .expect("room")
-        })
-        .collect();
+    let (order, jobs) = limited_jobs_in_order(&pool, &limiter, 10);
     let stats = limiter.stats();
     assert_eq!((stats.waiting, stats.in_use), (10, 1));
     // The second permit runs a plain job offered after them.
@@ -260,16 +271,7 @@ async fn more_jobs_than_the_intake_holds_keep_the_bound_the_count_and_the_order(
     let pool = pool(1, JOBS);
     let limiter = Limiter::new(1 << 20);
     let held = occupy(&pool, 1).await;
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let jobs: Vec<_> = (0..JOBS)
-        .map(|i| {
-            let order = order.clone();
-            pool.offload(move |_stop| order.lock().expect("not poisoned").push(i))
-                .limiter(&limiter)
-                .spawn()
-                .expect("room")
-        })
-        .collect();
+    let (order, jobs) = limited_jobs_in_order(&pool, &limiter, JOBS);
     let refused = pool.offload(|_stop| ()).spawn().map(|_| ());
     assert!(
         matches!(

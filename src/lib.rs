@@ -59,6 +59,8 @@ mod caller_spin;
 mod interop;
 mod map;
 
+#[cfg(all(test, not(loom)))]
+mod intake_tests;
 #[cfg(all(test, loom))]
 mod loom_groups;
 #[cfg(all(test, loom))]

@@ -36,11 +36,8 @@ impl Inner {
         // the push under the pool lock (intake.rs inv. 1). And the log
         // lines come last, after the job has its worker.
         // Kept for the "accepted" line only if it can be shown: a clone
-        // is a read-modify-write per job. (The levels are two loads of
-        // tracing's statics, no subscriber call.)
-        let trace = tracing::Level::TRACE <= tracing::level_filters::STATIC_MAX_LEVEL
-            && tracing::Level::TRACE <= tracing::level_filters::LevelFilter::current();
-        let accepted = trace.then(|| task.clone());
+        // is a read-modify-write per job.
+        let accepted = crate::quiet::may_log(tracing::Level::TRACE).then(|| task.clone());
         crate::limiter::count_joined(core.limiters());
         if let Err(task) = intake.push(task) {
             // The intake is full (inv. 3): the place goes back, and the job

@@ -39,6 +39,14 @@ pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> Option<T> {
     }
 }
 
+/// Whether a log line at `level` may reach a tracing subscriber: two
+/// loads of tracing's statics, no subscriber call (so it may be asked
+/// under a lock of ours).
+pub(crate) fn may_log(level: tracing::Level) -> bool {
+    level <= tracing::level_filters::STATIC_MAX_LEVEL
+        && level <= tracing::level_filters::LevelFilter::current()
+}
+
 /// Runs foreign `f` (`what` names it in the log); a panic is caught and
 /// logged. Returns whether `f` returned normally.
 pub(crate) fn call_quietly(what: &'static str, f: impl FnOnce()) -> bool {

@@ -64,7 +64,12 @@ impl Inner {
             // For a wait from inside the function (pool.rs
             // `enter_own_wait`): the key stays this job's while it runs.
             crate::sync::set_current_job(Some(core.key()));
+            // Whether a tracing subscriber is called for this job's span
+            // or last log lines once the lock is let go (asked of
+            // tracing's statics, not of the subscriber).
+            let traced = !span.is_disabled() || crate::quiet::may_log(tracing::Level::DEBUG);
             let result_drops = task.result_needs_drop();
+            let mut searching = false;
             task.run(&stop, &mut |did_panic| {
                 // The function returned: release the permit and take the
                 // next job under one lock (S1), before the outcome is
@@ -92,19 +97,26 @@ impl Inner {
                 // the hint shows that caller's waker, or the caller sees the
                 // terminal state and takes its waker back.
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
-                let foreign_next = after.runs_foreign_code()
-                    || did_panic
-                    || result_drops
+                // User code left for this thread: the subscriber's, or the
+                // drop of a value of the job's (a result with drop glue, a
+                // panic's payload).
+                let user_code = traced || did_panic || result_drops;
+                let foreign_next = user_code
+                    || after.runs_foreign_code()
                     || core.membership().is_some()
                     || core.waker_hint()
                     || !core.caller_waiting();
                 if !foreign_next {
                     following = s.start(now, &mut after);
                 }
-                if following.is_none() {
+                if following.is_none() && !user_code {
                     // From here until it parks this worker will look at the
-                    // queue again, so a submitter need not wake one.
+                    // queue again, so a submitter need not wake one. Not
+                    // while user code may run on it first: that code may
+                    // offload a job and wait for it, which would wake
+                    // nobody (wakers, which are not to block, may run).
                     s.begin_search();
+                    searching = true;
                 }
             });
             crate::sync::set_current_job(None);
@@ -128,7 +140,7 @@ impl Inner {
             }
             next = following;
             if next.is_none() {
-                next = self.wait_for_work(me, slot, true, &mut owed);
+                next = self.wait_for_work(me, slot, searching, &mut owed);
             }
         }
         quietly(|| tracing::trace!("worker thread exiting"));

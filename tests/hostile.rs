@@ -831,3 +831,51 @@ fn an_awaiting_caller_s_waker_runs_before_the_next_job_is_started() {
         assert!(!next.begun.load(Ordering::SeqCst));
     }
 }
+
+/// A result whose drop offloads a job to the pool it came from and waits
+/// for that job's outcome, sending it to `sent`.
+struct OffloadsOnDrop(Offloader, mpsc::Sender<Result<u32, Error>>);
+
+impl Drop for OffloadsOnDrop {
+    fn drop(&mut self) {
+        let waited = match self.0.offload(|_| 5u32).spawn() {
+            Ok(job) => job.blocking_wait(),
+            Err(refused) => panic!("refused: {:?}", refused.reason()),
+        };
+        let _ = self.1.send(waited);
+    }
+}
+
+/// Regression (a hostile check of a result's drop re-entering its pool):
+/// a detached job's result whose drop offloads a job to the same pool and
+/// waits for it hung for good at two permits or more. The dropping worker
+/// was already counted as searching, so the new job woke no other worker,
+/// and the one "searching" was blocked in the drop. A worker now counts as
+/// searching only once no code of the user's is left to run on it. At one
+/// permit there is no other worker: the wait is refused, not hung.
+#[test]
+fn a_result_dropped_by_the_worker_may_offload_to_its_pool_and_wait() {
+    for limit in 1..=3 {
+        let pool = pool(limit, 16);
+        support::warm(&pool);
+        let (sent, waited) = mpsc::channel();
+        let again = pool.clone();
+        pool.offload(move |_| OffloadsOnDrop(again, sent))
+            .spawn()
+            .expect("room")
+            .detach();
+        let waited = waited
+            .recv_timeout(HANG)
+            .unwrap_or_else(|e| panic!("limit {limit}: the drop's wait did not end: {e}"));
+        if limit == 1 {
+            assert!(
+                matches!(waited, Err(Error::WouldDeadlock { .. })),
+                "{waited:?}"
+            );
+        } else {
+            assert_eq!(waited.ok(), Some(5), "limit {limit}");
+        }
+        support::eventually_blocking("the pool idle", || pool.is_idle());
+        support::assert_ledger(&pool.metrics());
+    }
+}

@@ -13,6 +13,7 @@ use std::task::{Context, Wake, Waker};
 use std::time::Instant;
 
 use offloader::{Error, JobState, Offloader, Rejected};
+use support::next_job::NextJob;
 use support::{
     gate, occupy, pool, quiet_deliberate_panics, recv, signal, within, within_blocking, HANG,
 };
@@ -654,74 +655,6 @@ async fn dropping_the_last_handle_of_a_finished_job_releases_its_value() {
     assert_eq!(drops.load(Ordering::SeqCst), 1, "released with its handle");
     open_b.open();
     within("the next job", b).await.expect("runs");
-}
-
-/// Wakes by calling `on_wake`.
-struct OnWake(Box<dyn Fn() + Send + Sync>);
-
-impl Wake for OnWake {
-    fn wake(self: Arc<Self>) {
-        (self.0)();
-    }
-}
-
-/// What a waker saw of the job queued next: whether its cancel won and
-/// whether the job's function had begun.
-#[derive(Clone, Default)]
-struct NextJob {
-    handle: Arc<Mutex<Option<offloader::JobHandle<()>>>>,
-    begun: Arc<AtomicBool>,
-    seen: Arc<Mutex<Option<(bool, bool)>>>,
-}
-
-impl NextJob {
-    fn queue(&self, pool: &Offloader) {
-        let begun = self.begun.clone();
-        *self.handle.lock().expect("not poisoned") = Some(
-            pool.offload(move |_| begun.store(true, Ordering::SeqCst))
-                .spawn()
-                .expect("room"),
-        );
-    }
-
-    /// Cancels the job, recording (the first time) whether the cancel won
-    /// and whether its function had begun.
-    fn fire(&self) {
-        if let Some(h) = self.handle.lock().expect("not poisoned").as_ref() {
-            let begun = self.begun.load(Ordering::SeqCst);
-            let won = h.cancel();
-            self.seen
-                .lock()
-                .expect("not poisoned")
-                .get_or_insert((won, begun));
-        }
-    }
-
-    /// A waker that [`fire`](Self::fire)s.
-    fn waker(&self) -> Waker {
-        let me = self.clone();
-        Waker::from(Arc::new(OnWake(Box::new(move || me.fire()))))
-    }
-
-    /// The cancel from the waker was refused while the function had not
-    /// begun.
-    fn refused_before_begun(&self) -> bool {
-        *self.seen.lock().expect("not poisoned") == Some((false, false))
-    }
-
-    /// Waits for the job to end, its handle left in place for the waker
-    /// until then; its outcome, if it was queued.
-    fn wait(&self) -> Option<Result<(), Error>> {
-        support::eventually_blocking("the next job ended", || {
-            self.handle
-                .lock()
-                .expect("not poisoned")
-                .as_ref()
-                .is_none_or(|h| h.is_finished())
-        });
-        let h = self.handle.lock().expect("not poisoned").take();
-        h.map(|h| h.blocking_wait())
-    }
 }
 
 /// Regression (hostile review): a group's idle waiters were woken on the

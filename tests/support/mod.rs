@@ -20,6 +20,8 @@ use offloader::{
 };
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+pub(crate) mod next_job;
+
 /// Bound on any wait that must complete; reached only if the library hangs.
 pub(crate) const HANG: Duration = Duration::from_secs(20);
 

@@ -64,12 +64,13 @@ impl Inner {
             // For a wait from inside the function (pool.rs
             // `enter_own_wait`): the key stays this job's while it runs.
             crate::sync::set_current_job(Some(core.key()));
-            // Whether a tracing subscriber is called for this job's span
-            // or last log lines once the lock is let go (asked of
-            // tracing's statics, not of the subscriber).
-            let traced = !span.is_disabled() || crate::quiet::may_log(tracing::Level::DEBUG);
             let result_drops = task.result_needs_drop();
             let mut searching = false;
+            // Whether the job's last log lines are written, decided with
+            // the rest when its function returns (a level raised later
+            // loses them: the subscriber is called only if the worker
+            // counted on it).
+            let mut log_lines = false;
             task.run(&stop, &mut |did_panic| {
                 // The function returned: release the permit and take the
                 // next job under one lock (S1), before the outcome is
@@ -97,9 +98,18 @@ impl Inner {
                 // the hint shows that caller's waker, or the caller sees the
                 // terminal state and takes its waker back.
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
-                // User code left for this thread: the subscriber's, or the
-                // drop of a value of the job's (a result with drop glue, a
-                // panic's payload).
+                // User code left for this thread: a tracing subscriber's,
+                // for the job's span (enabled or not since it was made) or
+                // last log lines (tracing's level statics, read here: no
+                // subscriber call), or the drop of a value of the job's (a
+                // result with drop glue, a panic's payload).
+                let level = if did_panic {
+                    tracing::Level::WARN
+                } else {
+                    tracing::Level::DEBUG
+                };
+                log_lines = crate::quiet::may_log(level);
+                let traced = log_lines || !span.is_disabled();
                 let user_code = traced || did_panic || result_drops;
                 let foreign_next = user_code
                     || after.runs_foreign_code()
@@ -121,7 +131,9 @@ impl Inner {
             });
             crate::sync::set_current_job(None);
             drop(stop);
-            quietly(|| log_finished(core, panicked, ran));
+            if log_lines {
+                quietly(|| log_finished(core, panicked, ran));
+            }
             quietly(move || drop(entered));
             quietly(move || drop(span));
             self.after(after);

@@ -8,14 +8,13 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use offloader::Error;
 use support::next_job::NextJob;
 use support::{gate, pool};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
+use tracing::level_filters::LevelFilter;
 
 /// The job the subscriber cancels, once armed.
 static NEXT: OnceLock<Mutex<Option<NextJob>>> = OnceLock::new();
@@ -28,44 +27,19 @@ fn next() -> std::sync::MutexGuard<'static, Option<NextJob>> {
         .expect("not poisoned")
 }
 
-/// Listens to everything; on the first event a worker emits once armed
-/// (the first job's "completed" line), cancels the job queued next.
-struct CancelsOnTheWorker {
-    ids: AtomicU64,
-}
-
-impl Subscriber for CancelsOnTheWorker {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        Some(tracing::level_filters::LevelFilter::DEBUG)
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(self.ids.fetch_add(1, Ordering::Relaxed))
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, _: &Event<'_>) {
-        let on_worker = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("offloader"));
-        if on_worker && ARMED.swap(false, Ordering::SeqCst) {
-            if let Some(next) = next().as_ref() {
-                next.fire();
-            }
+/// On the first event a worker emits once armed (the first job's
+/// "completed" line), cancels the job queued next.
+fn cancel_the_next() {
+    if ARMED.swap(false, Ordering::SeqCst) {
+        if let Some(next) = next().as_ref() {
+            next.fire();
         }
     }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
 }
 
 #[test]
 fn a_subscriber_called_for_a_finished_job_runs_before_the_next_is_started() {
-    tracing::subscriber::set_global_default(CancelsOnTheWorker {
-        ids: AtomicU64::new(1),
-    })
-    .expect("the only subscriber of this test binary");
+    support::worker_subscriber::install(|| LevelFilter::DEBUG, cancel_the_next);
     let pool = pool(1, 16);
     support::warm(&pool);
     for round in 0..50 {

@@ -21,6 +21,7 @@ use offloader::{
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 pub(crate) mod next_job;
+pub(crate) mod worker_subscriber;
 
 /// Bound on any wait that must complete; reached only if the library hangs.
 pub(crate) const HANG: Duration = Duration::from_secs(20);

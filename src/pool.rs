@@ -369,6 +369,7 @@ impl Inner {
     /// With `cancelled`, the job is cancelled in the same critical section
     /// (it follows a token cancelled already): accepted, it never starts.
     fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>, cancelled: bool) -> Result<(), Rejected> {
+        self.uncount_waking_worker();
         let task = match self.pass_intake(task, cancelled) {
             Ok(()) => return Ok(()),
             Err(task) => task,

@@ -100,6 +100,35 @@ std::thread_local! {
     static CURRENT_JOB: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
+std::thread_local! {
+    /// The pool (its address) that counts this worker thread as searching
+    /// while wakers run on it after a job; 0 for none.
+    static SEARCHING_MARK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Sets (`Some`) or clears this worker thread's searching mark.
+pub(crate) fn set_searching_mark(pool: Option<usize>) {
+    #[cfg(not(loom))]
+    SEARCHING_MARK.with(|t| t.set(pool.unwrap_or(0)));
+    #[cfg(loom)]
+    let _ = pool;
+}
+
+/// Takes `pool`'s searching mark from this thread: whether it held it.
+/// Under loom, which keeps no marks, `untracked`.
+pub(crate) fn take_searching_mark(pool: usize, untracked: bool) -> bool {
+    #[cfg(not(loom))]
+    {
+        let _ = untracked;
+        SEARCHING_MARK.with(|t| t.get() == pool && t.replace(0) == pool)
+    }
+    #[cfg(loom)]
+    {
+        let _ = pool;
+        untracked
+    }
+}
+
 /// Records the job (its slab key) whose function this worker runs now, or
 /// that it runs none (loom: nothing).
 pub(crate) fn set_current_job(key: Option<u32>) {

@@ -66,6 +66,7 @@ impl Inner {
             crate::sync::set_current_job(Some(core.key()));
             let result_drops = task.result_needs_drop();
             let mut searching = false;
+            let me_addr = Arc::as_ptr(&self) as usize;
             // Whether the job's last log lines are written, decided with
             // the rest when its function returns (a level raised later
             // loses them: the subscriber is called only if the worker
@@ -98,11 +99,12 @@ impl Inner {
                 // the hint shows that caller's waker, or the caller sees the
                 // terminal state and takes its waker back.
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
-                // User code left for this thread: a tracing subscriber's,
-                // for the job's span (enabled or not since it was made) or
-                // last log lines (tracing's level statics, read here: no
-                // subscriber call), or the drop of a value of the job's (a
-                // result with drop glue, a panic's payload).
+                // Foreign code left for this thread: a tracing
+                // subscriber's, for the job's span (enabled or not since it
+                // was made) or last log lines (tracing's level statics, read
+                // here: no subscriber call); the drop of a value of the
+                // job's (a result with drop glue, a panic's payload);
+                // wakers.
                 let level = if did_panic {
                     tracing::Level::WARN
                 } else {
@@ -110,8 +112,9 @@ impl Inner {
                 };
                 log_lines = crate::quiet::may_log(level);
                 let traced = log_lines || !span.is_disabled();
-                let user_code = traced || did_panic || result_drops;
-                let foreign_next = user_code
+                let foreign_next = traced
+                    || did_panic
+                    || result_drops
                     || after.runs_foreign_code()
                     || core.membership().is_some()
                     || core.waker_hint()
@@ -119,14 +122,17 @@ impl Inner {
                 if !foreign_next {
                     following = s.start(now, &mut after);
                 }
-                if following.is_none() && !user_code {
+                if following.is_none() && !(traced || did_panic || result_drops) {
                     // From here until it parks this worker will look at the
                     // queue again, so a submitter need not wake one. Not
-                    // while user code may run on it first: that code may
-                    // offload a job and wait for it, which would wake
-                    // nobody (wakers, which are not to block, may run).
+                    // while a drop or a subscriber may run on it first: that
+                    // code may offload a job and wait for it, which would
+                    // wake nobody. Wakers may run: a job they offload
+                    // un-counts this worker first (its mark, below).
                     s.begin_search();
                     searching = true;
+                    // Before the outcome is published and its waker woken.
+                    crate::sync::set_searching_mark(Some(me_addr));
                 }
             });
             crate::sync::set_current_job(None);
@@ -151,6 +157,9 @@ impl Inner {
                 owed = true;
             }
             next = following;
+            // Still counted as searching unless a job offloaded from a
+            // waker on this thread took the mark (`Inner::enqueue`).
+            let searching = crate::sync::take_searching_mark(me_addr, searching);
             if next.is_none() {
                 next = self.wait_for_work(me, slot, searching, &mut owed);
             }
@@ -213,7 +222,11 @@ impl Inner {
                     searching = true;
                 }
                 drop(s);
+                // Wakers may run: a job they offload un-counts this worker.
+                let me_addr = Arc::as_ptr(self) as usize;
+                crate::sync::set_searching_mark(Some(me_addr));
                 self.after(std::mem::take(&mut after));
+                searching = crate::sync::take_searching_mark(me_addr, searching);
                 // Claimed after the foreign code `after` may run, so that
                 // the flag is never held across it.
                 if self.claim_spin() {

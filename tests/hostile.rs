@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::Instant;
 
-use offloader::{Error, JobState, Offloader, Rejected};
+use offloader::{Error, JobHandle, JobState, Offloader, Rejected};
 use support::next_job::NextJob;
 use support::{
     gate, occupy, pool, quiet_deliberate_panics, recv, signal, within, within_blocking, HANG,
@@ -765,41 +765,31 @@ fn an_awaiting_caller_s_waker_runs_before_the_next_job_is_started() {
     }
 }
 
-/// A result whose drop offloads a job to the pool it came from and waits
-/// for that job's outcome, sending it to `sent`.
-struct OffloadsOnDrop(Offloader, mpsc::Sender<Result<u32, Error>>);
-
-impl Drop for OffloadsOnDrop {
-    fn drop(&mut self) {
-        let waited = match self.0.offload(|_| 5u32).spawn() {
-            Ok(job) => job.blocking_wait(),
-            Err(refused) => panic!("refused: {:?}", refused.reason()),
-        };
-        let _ = self.1.send(waited);
+/// Offloads a job returning 5 to `pool` and waits for it: what a waker
+/// or a drop on a worker does below.
+fn offload_five_and_wait(pool: &Offloader) -> Result<u32, Error> {
+    match pool.offload(|_| 5u32).spawn() {
+        Ok(job) => job.blocking_wait(),
+        Err(refused) => panic!("refused: {:?}", refused.reason()),
     }
 }
 
-/// Regression (a hostile check of a result's drop re-entering its pool):
-/// a detached job's result whose drop offloads a job to the same pool and
-/// waits for it hung for good at two permits or more. The dropping worker
-/// was already counted as searching, so the new job woke no other worker,
-/// and the one "searching" was blocked in the drop. A worker now counts as
-/// searching only once no code of the user's is left to run on it. At one
-/// permit there is no other worker: the wait is refused, not hung.
-#[test]
-fn a_result_dropped_by_the_worker_may_offload_to_its_pool_and_wait() {
+/// For limits 1 to 3: `from_the_worker` makes code run on a worker of a
+/// warm pool that offloads and waits (`offload_five_and_wait`) and sends
+/// the outcome. At one permit there is no other worker: the wait is
+/// refused, not hung; above, it gets the job's value. Then the pool
+/// settles with its ledger balanced.
+fn waits_from_the_worker_end(
+    from_the_worker: impl Fn(&Offloader, mpsc::Sender<Result<u32, Error>>) -> Option<JobHandle<()>>,
+) {
     for limit in 1..=3 {
         let pool = pool(limit, 16);
         support::warm(&pool);
         let (sent, waited) = mpsc::channel();
-        let again = pool.clone();
-        pool.offload(move |_| OffloadsOnDrop(again, sent))
-            .spawn()
-            .expect("room")
-            .detach();
+        let job = from_the_worker(&pool, sent);
         let waited = waited
             .recv_timeout(HANG)
-            .unwrap_or_else(|e| panic!("limit {limit}: the drop's wait did not end: {e}"));
+            .unwrap_or_else(|e| panic!("limit {limit}: the wait did not end: {e}"));
         if limit == 1 {
             assert!(
                 matches!(waited, Err(Error::WouldDeadlock { .. })),
@@ -808,7 +798,62 @@ fn a_result_dropped_by_the_worker_may_offload_to_its_pool_and_wait() {
         } else {
             assert_eq!(waited.ok(), Some(5), "limit {limit}");
         }
+        if let Some(job) = job {
+            assert!(job.blocking_wait().is_ok());
+        }
         support::eventually_blocking("the pool idle", || pool.is_idle());
         support::assert_ledger(&pool.metrics());
     }
+}
+
+/// A result whose drop offloads a job to the pool it came from and waits
+/// for it, sending the outcome.
+struct OffloadsOnDrop(Offloader, mpsc::Sender<Result<u32, Error>>);
+
+impl Drop for OffloadsOnDrop {
+    fn drop(&mut self) {
+        let _ = self.1.send(offload_five_and_wait(&self.0));
+    }
+}
+
+/// Regression (a hostile check of a result's drop re-entering its pool):
+/// a detached job's result whose drop offloads a job to the same pool and
+/// waits for it hung for good at two permits or more. The dropping worker
+/// was already counted as searching, so the new job woke no other worker,
+/// and the one "searching" was blocked in the drop. A worker now counts as
+/// searching only once no drop or subscriber is left to run on it.
+#[test]
+fn a_result_dropped_by_the_worker_may_offload_to_its_pool_and_wait() {
+    waits_from_the_worker_end(|pool, sent| {
+        let again = pool.clone();
+        pool.offload(move |_| OffloadsOnDrop(again, sent))
+            .spawn()
+            .expect("room")
+            .detach();
+        None
+    });
+}
+
+/// Regression (hostile review): a waker woken on the worker, whose `wake`
+/// offloads a job to the same pool and waits for it, stalled the whole
+/// pool at two permits or more (the wait and every later job): the worker
+/// counted as searching while it ran the waker. The job offloaded from the
+/// waker now un-counts it.
+#[test]
+fn a_waker_woken_by_the_worker_may_offload_to_its_pool_and_wait() {
+    waits_from_the_worker_end(|pool, sent| {
+        let sent = Mutex::new(Some(sent));
+        let again = pool.clone();
+        let waker = Waker::from(Arc::new(support::next_job::OnWake(Box::new(move || {
+            if let Some(sent) = sent.lock().expect("not poisoned").take() {
+                let _ = sent.send(offload_five_and_wait(&again));
+            }
+        }))));
+        let (open, hold) = gate();
+        let mut job = pool.offload(move |_| hold.wait()).spawn().expect("room");
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut job).poll(&mut cx).is_pending());
+        open.open();
+        Some(job)
+    });
 }

@@ -857,3 +857,28 @@ fn a_waker_woken_by_the_worker_may_offload_to_its_pool_and_wait() {
         Some(job)
     });
 }
+
+/// The same for a waker a searching worker runs before it spins: an
+/// `idle()` waiter's, woken as the worker settles the outcome it
+/// published (its next lock). The waiter's future is leaked so that it
+/// stays registered.
+#[test]
+fn an_idle_waiter_s_waker_woken_by_a_searcher_may_offload_and_wait() {
+    waits_from_the_worker_end(|pool, sent| {
+        let sent = Mutex::new(Some(sent));
+        let again = pool.clone();
+        let waker = Waker::from(Arc::new(support::next_job::OnWake(Box::new(move || {
+            if let Some(sent) = sent.lock().expect("not poisoned").take() {
+                let _ = sent.send(offload_five_and_wait(&again));
+            }
+        }))));
+        let (open, hold) = gate();
+        let job = pool.offload(move |_| hold.wait()).spawn().expect("room");
+        let mut idle = Box::pin(pool.idle());
+        let mut cx = Context::from_waker(&waker);
+        assert!(idle.as_mut().poll(&mut cx).is_pending());
+        std::mem::forget(idle);
+        open.open();
+        Some(job)
+    });
+}

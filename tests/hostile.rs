@@ -774,6 +774,21 @@ fn offload_five_and_wait(pool: &Offloader) -> Result<u32, Error> {
     }
 }
 
+/// A waker whose first wake offloads and waits (`offload_five_and_wait`)
+/// and sends the outcome.
+fn offloads_and_waits_when_woken(
+    pool: &Offloader,
+    sent: mpsc::Sender<Result<u32, Error>>,
+) -> Waker {
+    let sent = Mutex::new(Some(sent));
+    let pool = pool.clone();
+    Waker::from(Arc::new(support::next_job::OnWake(Box::new(move || {
+        if let Some(sent) = sent.lock().expect("not poisoned").take() {
+            let _ = sent.send(offload_five_and_wait(&pool));
+        }
+    }))))
+}
+
 /// For limits 1 to 3: `from_the_worker` makes code run on a worker of a
 /// warm pool that offloads and waits (`offload_five_and_wait`) and sends
 /// the outcome. At one permit there is no other worker: the wait is
@@ -842,13 +857,7 @@ fn a_result_dropped_by_the_worker_may_offload_to_its_pool_and_wait() {
 #[test]
 fn a_waker_woken_by_the_worker_may_offload_to_its_pool_and_wait() {
     waits_from_the_worker_end(|pool, sent| {
-        let sent = Mutex::new(Some(sent));
-        let again = pool.clone();
-        let waker = Waker::from(Arc::new(support::next_job::OnWake(Box::new(move || {
-            if let Some(sent) = sent.lock().expect("not poisoned").take() {
-                let _ = sent.send(offload_five_and_wait(&again));
-            }
-        }))));
+        let waker = offloads_and_waits_when_woken(pool, sent);
         let (open, hold) = gate();
         let mut job = pool.offload(move |_| hold.wait()).spawn().expect("room");
         let mut cx = Context::from_waker(&waker);
@@ -865,13 +874,7 @@ fn a_waker_woken_by_the_worker_may_offload_to_its_pool_and_wait() {
 #[test]
 fn an_idle_waiter_s_waker_woken_by_a_searcher_may_offload_and_wait() {
     waits_from_the_worker_end(|pool, sent| {
-        let sent = Mutex::new(Some(sent));
-        let again = pool.clone();
-        let waker = Waker::from(Arc::new(support::next_job::OnWake(Box::new(move || {
-            if let Some(sent) = sent.lock().expect("not poisoned").take() {
-                let _ = sent.send(offload_five_and_wait(&again));
-            }
-        }))));
+        let waker = offloads_and_waits_when_woken(pool, sent);
         let (open, hold) = gate();
         let job = pool.offload(move |_| hold.wait()).spawn().expect("room");
         let mut idle = Box::pin(pool.idle());

@@ -885,3 +885,103 @@ fn an_idle_waiter_s_waker_woken_by_a_searcher_may_offload_and_wait() {
         Some(job)
     });
 }
+
+/// A result whose drop tells `dropping` it began, then waits for a value
+/// from a job someone else offloads, and reports what it got.
+struct WaitsForAnotherJob {
+    dropping: mpsc::Sender<()>,
+    value: Mutex<mpsc::Receiver<u32>>,
+    got: mpsc::Sender<Option<u32>>,
+}
+
+impl Drop for WaitsForAnotherJob {
+    fn drop(&mut self) {
+        let _ = self.dropping.send(());
+        let value = self.value.lock().expect("not poisoned").recv_timeout(HANG);
+        let _ = self.got.send(value.ok());
+    }
+}
+
+/// A result's drop that waits for a job another thread offloads meanwhile
+/// (no mark takes the worker out of the count: only not counting it while
+/// the drop may run lets that job wake another worker).
+#[test]
+fn a_result_dropped_by_the_worker_may_wait_for_another_thread_s_job() {
+    for limit in 2..=3 {
+        let pool = pool(limit, 16);
+        support::warm(&pool);
+        let (dropping, began) = mpsc::channel();
+        let (value, values) = mpsc::channel();
+        let (got, report) = mpsc::channel();
+        let result = WaitsForAnotherJob {
+            dropping,
+            value: Mutex::new(values),
+            got,
+        };
+        pool.offload(move |_| result)
+            .spawn()
+            .expect("room")
+            .detach();
+        began.recv_timeout(HANG).expect("the drop began");
+        let job = pool
+            .offload(move |_| {
+                let _ = value.send(5);
+            })
+            .spawn()
+            .expect("room");
+        let got = report.recv_timeout(HANG * 2).expect("the drop ended");
+        assert_eq!(got, Some(5), "limit {limit}: the other job ran meanwhile");
+        assert!(job.blocking_wait().is_ok());
+        support::eventually_blocking("the pool idle", || pool.is_idle());
+        support::assert_ledger(&pool.metrics());
+    }
+}
+
+/// A worker that chains the next job in the critical section of its
+/// finish is not counted as searching while that job runs: a job offloaded
+/// meanwhile, with the pool's other worker parked, wakes that worker
+/// instead of waiting for the chained job's end (kills a mutant that
+/// counted it).
+#[test]
+fn a_job_offloaded_while_a_chained_job_runs_wakes_the_parked_worker() {
+    let pool = support::builder(2, 16)
+        .thread_name("chain-count")
+        .build()
+        .expect("valid");
+    support::warm(&pool);
+    let (open_x1, hold_x1) = gate();
+    let (open_x2, hold_x2) = gate();
+    let (open_a, hold_a) = gate();
+    let (started, starts) = mpsc::channel();
+    let held = |hold: support::Hold, name: &'static str| {
+        let started = started.clone();
+        move |_: &offloader::StopToken| {
+            let _ = started.send(name);
+            hold.wait();
+        }
+    };
+    let x1 = pool.offload(held(hold_x1, "x1")).spawn().expect("room");
+    let x2 = pool.offload(held(hold_x2, "x2")).spawn().expect("room");
+    let mut begun: Vec<_> = (0..2)
+        .map(|_| starts.recv_timeout(HANG).expect("x1, x2"))
+        .collect();
+    begun.sort_unstable();
+    assert_eq!(begun, ["x1", "x2"]);
+    let a = pool.offload(held(hold_a, "a")).spawn().expect("room");
+    // x1's worker takes `a` as x1 ends (no waker, a caller, no drop glue).
+    open_x1.open();
+    assert_eq!(starts.recv_timeout(HANG).expect("a"), "a");
+    open_x2.open();
+    support::eventually_blocking("x2's worker parked, a's blocked", || {
+        x2.is_finished() && support::sleeping_threads_named("chain-count") == 2
+    });
+    let b = pool.offload(|_| 2u32).spawn().expect("room");
+    let mut b = Some(b);
+    support::eventually_blocking("b ran while a is held", || {
+        b.as_ref().is_some_and(|b| b.is_finished())
+    });
+    assert_eq!(b.take().map(|b| b.blocking_wait().ok()), Some(Some(2)));
+    open_a.open();
+    assert!(a.blocking_wait().is_ok());
+    assert!(x1.blocking_wait().is_ok() && x2.blocking_wait().is_ok());
+}

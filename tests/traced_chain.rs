@@ -44,10 +44,22 @@ fn a_subscriber_called_for_a_finished_job_runs_before_the_next_is_started() {
     support::warm(&pool);
     for round in 0..50 {
         let (open, hold) = gate();
-        let first = pool.offload(move |_| hold.wait()).spawn().expect("room");
+        let (began, begun) = std::sync::mpsc::channel();
+        let first = pool
+            .offload(move |_| {
+                let _ = began.send(());
+                hold.wait();
+            })
+            .spawn()
+            .expect("room");
         let queued = NextJob::default();
         queued.queue(&pool);
         *next() = Some(queued.clone());
+        // Armed once the first job's "started" line is behind it: the
+        // worker's next event is the first job's last.
+        begun
+            .recv_timeout(support::HANG)
+            .expect("the first job began");
         ARMED.store(true, Ordering::SeqCst);
         open.open();
         // No waker registered (that alone would end the chain).

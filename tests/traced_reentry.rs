@@ -1,9 +1,10 @@
-//! A tracing subscriber that offloads a job to the pool from a worker's
-//! log line and waits for it: the worker called it with nobody counting on
-//! it to look at the queue, even when the level was raised while the
-//! finished job ran (hostile review: the worker read the level before the
-//! function ran, counted itself as searching, and the subscriber's job
-//! woke nobody — a hang at two permits or more).
+//! A tracing subscriber that waits, on a worker's log line, for a job
+//! another thread offloads meanwhile: the worker called it with nobody
+//! counting on it to look at the queue, even when the level was raised
+//! while the finished job ran (hostile review: the worker read the level
+//! before the function ran, counted itself as searching, and the job
+//! woke nobody — a hang at two permits or more). (A job the subscriber
+//! offloads itself would un-count the worker through its mark.)
 //!
 //! Its own test binary: it installs a process-wide subscriber.
 
@@ -12,7 +13,6 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
 
-use offloader::{Error, Offloader};
 use support::{pool, HANG};
 use tracing::level_filters::LevelFilter;
 
@@ -20,9 +20,13 @@ use tracing::level_filters::LevelFilter;
 static ON: AtomicBool = AtomicBool::new(false);
 /// Set by the first worker event the subscriber acts on.
 static ACTED: AtomicBool = AtomicBool::new(false);
-/// The pool the subscriber offloads to, and where it reports its wait's
-/// outcome.
-type Target = (Offloader, mpsc::Sender<Result<u32, Error>>);
+/// Where the subscriber says it waits, the value it waits for, and where
+/// it reports what it got.
+type Target = (
+    mpsc::Sender<()>,
+    mpsc::Receiver<u32>,
+    mpsc::Sender<Option<u32>>,
+);
 static TO: OnceLock<Mutex<Option<Target>>> = OnceLock::new();
 
 fn level() -> LevelFilter {
@@ -33,32 +37,31 @@ fn level() -> LevelFilter {
     }
 }
 
-/// On the first event a worker emits, offloads a job and waits for it.
-fn offload_and_wait() {
+/// On the first event a worker emits, waits for a value a job sends.
+fn wait_for_another_job() {
     if ACTED.swap(true, Ordering::SeqCst) {
         return;
     }
     let to = TO
         .get()
         .and_then(|t| t.lock().expect("not poisoned").take());
-    if let Some((pool, report)) = to {
-        let waited = match pool.offload(|_| 1u32).spawn() {
-            Ok(mut job) => job.blocking_wait_timeout(HANG),
-            Err(refused) => panic!("refused: {:?}", refused.reason()),
-        };
-        let _ = report.send(waited);
+    if let Some((waiting, value, got)) = to {
+        let _ = waiting.send(());
+        let _ = got.send(value.recv_timeout(HANG).ok());
     }
 }
 
 #[test]
-fn a_subscriber_may_offload_and_wait_after_the_level_rose_during_a_job() {
-    support::worker_subscriber::install(level, offload_and_wait);
+fn a_subscriber_may_wait_for_a_job_after_the_level_rose_during_a_job() {
+    support::worker_subscriber::install(level, wait_for_another_job);
     let pool = pool(2, 16);
     support::warm(&pool);
-    let (report, waited) = mpsc::channel();
+    let (waiting, waits) = mpsc::channel();
+    let (value, values) = mpsc::channel();
+    let (got, report) = mpsc::channel();
     *TO.get_or_init(|| Mutex::new(None))
         .lock()
-        .expect("not poisoned") = Some((pool.clone(), report));
+        .expect("not poisoned") = Some((waiting, values, got));
     let job = pool
         .offload(|_| {
             // Logging turned up while the job runs (a reload layer would).
@@ -68,10 +71,18 @@ fn a_subscriber_may_offload_and_wait_after_the_level_rose_during_a_job() {
         })
         .spawn()
         .expect("room");
-    let waited = waited
+    waits.recv_timeout(HANG).expect("the subscriber waits");
+    let other = pool
+        .offload(move |_| {
+            let _ = value.send(1);
+        })
+        .spawn()
+        .expect("room");
+    let got = report
         .recv_timeout(HANG * 2)
         .expect("the subscriber's wait ended");
-    assert_eq!(waited.ok(), Some(1));
+    assert_eq!(got, Some(1), "the other job ran meanwhile");
+    assert!(other.blocking_wait().is_ok());
     assert_eq!(job.blocking_wait().ok(), Some(7));
     support::eventually_blocking("the pool idle", || pool.is_idle());
     support::assert_ledger(&pool.metrics());

@@ -20,7 +20,7 @@ impl Inner {
     /// observer runs here, and whatever it waits for on its own pool must
     /// not wait for the delivery it is part of.
     pub(crate) fn is_delivery_thread(&self) -> bool {
-        crate::sync::is_pool_thread(self as *const Inner as usize, crate::sync::Role::Delivery)
+        crate::sync::is_pool_thread(self.addr(), crate::sync::Role::Delivery)
     }
 
     /// Starts the delivery thread if an observer is configured and it does
@@ -48,7 +48,7 @@ impl Inner {
         let (Some(observer), Some((_, doorbell))) = (&self.config.observer, &self.doorbell) else {
             return;
         };
-        crate::sync::mark_pool_thread(Arc::as_ptr(&self) as usize, crate::sync::Role::Delivery);
+        crate::sync::mark_pool_thread(self.addr(), crate::sync::Role::Delivery);
         // Counted as a settle waiter, so that the pool settling (the last
         // worker retiring) rings the doorbell.
         let _registered = Waiting::new(&self, Waiters::Settle);

@@ -25,7 +25,7 @@ fn held(intake: bool) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
 }
 
 /// The pool `builder` builds, one of its permits held as by [`held`].
-pub(crate) fn held_in(builder: crate::Builder) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
+fn held_in(builder: crate::Builder) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
     let pool = builder.build().expect("valid");
     let (go, wait) = mpsc::channel::<()>();
     let (started, running) = mpsc::channel::<()>();
@@ -213,7 +213,7 @@ fn a_shutdown_waits_for_a_place_reserved_at_the_intake() {
 
 /// Fills a place reserved at `pool`'s intake by hand (as a submitter
 /// would after its reservation) with a plain job returning 1.
-pub(crate) fn fill_reserved_place(pool: &Offloader) {
+fn fill_reserved_place(pool: &Offloader) {
     let core =
         crate::job_core::JobCore::new(crate::id::JobId::next(), None, None, None, None, Vec::new());
     let job: std::sync::Arc<dyn crate::job::Task> =

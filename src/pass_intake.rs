@@ -7,16 +7,6 @@ use crate::state::After;
 use crate::sync::Arc;
 
 impl Inner {
-    /// A job offloaded from a waker that runs on a worker counted as
-    /// searching (worker.rs, its mark): that worker will not look at the
-    /// queue before the waker returns, which may be after this job's end,
-    /// so it stops counting, and the job finds a worker of its own.
-    pub(crate) fn uncount_waking_worker(&self) {
-        if crate::sync::take_searching_mark(self as *const Inner as usize, false) {
-            self.lock().end_search();
-        }
-    }
-
     /// Transition *accept* through the intake, without the pool lock, for
     /// a plain job while the intake is open and the queue has room
     /// (intake.rs inv. 1); the job is handed back otherwise. A job appended

@@ -106,10 +106,10 @@ std::thread_local! {
     static SEARCHING_MARK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Sets (`Some`) or clears this worker thread's searching mark.
-pub(crate) fn set_searching_mark(pool: Option<usize>) {
+/// Sets this worker thread's searching mark for `pool`.
+pub(crate) fn set_searching_mark(pool: usize) {
     #[cfg(not(loom))]
-    SEARCHING_MARK.with(|t| t.set(pool.unwrap_or(0)));
+    SEARCHING_MARK.with(|t| t.set(pool));
     #[cfg(loom)]
     let _ = pool;
 }
@@ -120,7 +120,13 @@ pub(crate) fn take_searching_mark(pool: usize, untracked: bool) -> bool {
     #[cfg(not(loom))]
     {
         let _ = untracked;
-        SEARCHING_MARK.with(|t| t.get() == pool && t.replace(0) == pool)
+        SEARCHING_MARK.with(|t| {
+            let held = t.get() == pool;
+            if held {
+                t.set(0);
+            }
+            held
+        })
     }
     #[cfg(loom)]
     {

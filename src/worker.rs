@@ -33,9 +33,25 @@ const KEPT_PARK: Duration = Duration::from_secs(1);
 const SPIN_BUDGET: Duration = Duration::from_micros(50);
 
 impl Inner {
+    /// This pool's address: what its threads' marks name it by.
+    pub(crate) fn addr(&self) -> usize {
+        self as *const Inner as usize
+    }
+
     /// Whether the current thread is one of this pool's workers.
     pub(crate) fn is_own_worker(&self) -> bool {
-        crate::sync::is_pool_thread(self as *const Inner as usize, crate::sync::Role::Worker)
+        crate::sync::is_pool_thread(self.addr(), crate::sync::Role::Worker)
+    }
+
+    /// A job offloaded from a waker that runs on a worker counted as
+    /// searching (its mark, set in `work_loop` and `wait_for_work`): that
+    /// worker will not look at the queue before the waker returns, which
+    /// may be after this job's end, so it stops counting, and the job finds
+    /// a worker of its own.
+    pub(crate) fn uncount_waking_worker(&self) {
+        if crate::sync::take_searching_mark(self.addr(), false) {
+            self.lock().end_search();
+        }
     }
 
     /// The worker thread's body: run jobs while there are any, with one lock
@@ -44,7 +60,7 @@ impl Inner {
     /// A published outcome stays counted as unpublished until this worker's
     /// next lock acquisition, which saves a lock per job.
     fn work_loop(self: Arc<Self>, me: u64, slot: Key) {
-        crate::sync::mark_pool_thread(Arc::as_ptr(&self) as usize, crate::sync::Role::Worker);
+        crate::sync::mark_pool_thread(self.addr(), crate::sync::Role::Worker);
         // `owed`: this worker published an outcome still counted as
         // unpublished.
         let mut owed = false;
@@ -66,7 +82,6 @@ impl Inner {
             crate::sync::set_current_job(Some(core.key()));
             let result_drops = task.result_needs_drop();
             let mut searching = false;
-            let me_addr = Arc::as_ptr(&self) as usize;
             // Whether the job's last log lines are written, decided with
             // the rest when its function returns (a level raised later
             // loses them: the subscriber is called only if the worker
@@ -112,9 +127,8 @@ impl Inner {
                 };
                 log_lines = crate::quiet::may_log(level);
                 let traced = log_lines || !span.is_disabled();
-                let foreign_next = traced
-                    || did_panic
-                    || result_drops
+                let user_code = traced || did_panic || result_drops;
+                let foreign_next = user_code
                     || after.runs_foreign_code()
                     || core.membership().is_some()
                     || core.waker_hint()
@@ -122,7 +136,7 @@ impl Inner {
                 if !foreign_next {
                     following = s.start(now, &mut after);
                 }
-                if following.is_none() && !(traced || did_panic || result_drops) {
+                if following.is_none() && !user_code {
                     // From here until it parks this worker will look at the
                     // queue again, so a submitter need not wake one. Not
                     // while a drop or a subscriber may run on it first: that
@@ -132,7 +146,7 @@ impl Inner {
                     s.begin_search();
                     searching = true;
                     // Before the outcome is published and its waker woken.
-                    crate::sync::set_searching_mark(Some(me_addr));
+                    crate::sync::set_searching_mark(self.addr());
                 }
             });
             crate::sync::set_current_job(None);
@@ -159,7 +173,7 @@ impl Inner {
             next = following;
             // Still counted as searching unless a job offloaded from a
             // waker on this thread took the mark (`Inner::enqueue`).
-            let searching = crate::sync::take_searching_mark(me_addr, searching);
+            let searching = crate::sync::take_searching_mark(self.addr(), searching);
             if next.is_none() {
                 next = self.wait_for_work(me, slot, searching, &mut owed);
             }
@@ -223,10 +237,9 @@ impl Inner {
                 }
                 drop(s);
                 // Wakers may run: a job they offload un-counts this worker.
-                let me_addr = Arc::as_ptr(self) as usize;
-                crate::sync::set_searching_mark(Some(me_addr));
+                crate::sync::set_searching_mark(self.addr());
                 self.after(std::mem::take(&mut after));
-                searching = crate::sync::take_searching_mark(me_addr, searching);
+                searching = crate::sync::take_searching_mark(self.addr(), searching);
                 // Claimed after the foreign code `after` may run, so that
                 // the flag is never held across it.
                 if self.claim_spin() {

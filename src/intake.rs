@@ -39,14 +39,17 @@
 //!    an appended job always has a worker coming: rule 1 of "Waking
 //!    workers" holds for both doors.
 //! 3. **A ring.** The intake holds at most [`SLOTS`] jobs (fewer if the
-//!    queue bound is lower), in a ring allocated with the pool: passing it
+//!    queue bound is lower), in a ring allocated with the pool (ring.rs,
+//!    whose invariants say what a job's trip through it costs): passing it
 //!    allocates and frees nothing but the job, so a worker emptying it
 //!    never frees memory under the pool lock, in the allocator's arena the
-//!    submitter allocates from. A submitter that finds the ring full gives
-//!    its place back and goes through the lock, whose holder empties the
-//!    intake before it accepts that job: the order of acceptance holds.
+//!    submitter allocates from. A submitter that finds the ring full, or
+//!    its tail place being filled by another submitter (ring.rs inv. 2),
+//!    gives its place back and goes through the lock, whose holder empties
+//!    the intake before it accepts that job: the order of acceptance holds.
 
 use crate::job::Task;
+use crate::ring::{Refused, Ring};
 use crate::sync::{fence, AtomicBool, AtomicUsize, Ordering, Padded};
 use std::sync::Arc;
 
@@ -60,8 +63,14 @@ pub(crate) struct QueueCount {
     /// Places reserved, ever; with the gate and a submitter's last look at
     /// `left`, on the submitters' cache line.
     submitted: Padded<Submitted>,
-    /// Jobs that left the queue, ever: stored under the pool lock only.
-    left: Padded<AtomicUsize>,
+    /// Jobs that left the queue, ever, and jobs that entered the queue
+    /// under the lock, ever: stored under the pool lock only.
+    held: Padded<Held>,
+}
+
+struct Held {
+    left: AtomicUsize,
+    entered: AtomicUsize,
 }
 
 struct Submitted {
@@ -81,13 +90,16 @@ impl QueueCount {
                 closed: AtomicBool::new(true),
                 left_seen: AtomicUsize::new(0),
             }),
-            left: Padded(AtomicUsize::new(0)),
+            held: Padded(Held {
+                left: AtomicUsize::new(0),
+                entered: AtomicUsize::new(0),
+            }),
         }
     }
 
     /// The count now (a hint without the pool lock).
     pub(crate) fn now(&self) -> usize {
-        let left = self.left.load(Ordering::Acquire);
+        let left = self.held.left.load(Ordering::Acquire);
         self.submitted
             .reserved
             .load(Ordering::Acquire)
@@ -123,7 +135,23 @@ impl QueueCount {
 
     /// Under the pool lock: `left` jobs have left the queue, ever.
     pub(crate) fn set_left(&self, left: usize) {
-        self.left.store(left, Ordering::Release);
+        self.held.left.store(left, Ordering::Release);
+    }
+
+    /// Under the pool lock: `entered` jobs have entered the queue under
+    /// the lock (from the intake or through admission), ever.
+    pub(crate) fn set_entered(&self, entered: usize) {
+        // ORDERING: a hint for spinners (`in_queue`).
+        self.held.entered.store(entered, Ordering::Release);
+    }
+
+    /// Whether a job is in the queue under the lock (a hint without it):
+    /// what a spinning worker reads besides the intake, from the lock
+    /// holders' line only, so that its looks never pull the line that
+    /// submitters write at every job.
+    pub(crate) fn in_queue(&self) -> bool {
+        let entered = self.held.entered.load(Ordering::Acquire);
+        entered != self.held.left.load(Ordering::Acquire)
     }
 
     /// Reserves a place at the intake (inv. 1): `false` if it is closed or
@@ -144,7 +172,7 @@ impl QueueCount {
         if before.wrapping_sub(s.left_seen.load(Ordering::Relaxed)) < capacity {
             return true;
         }
-        let left = self.left.load(Ordering::Acquire);
+        let left = self.held.left.load(Ordering::Acquire);
         s.left_seen.store(left, Ordering::Relaxed);
         if before.wrapping_sub(left) < capacity {
             return true;
@@ -173,7 +201,7 @@ const HALF_MAX: usize = (1 << HALF) - 1;
 
 /// The pool's intake: the jobs appended, and the workers' word.
 pub(crate) struct Intake {
-    jobs: Queue,
+    jobs: Ring<Arc<dyn Task>>,
     /// Searching workers (high half) and workers that could be woken (low
     /// half), each saturated to its half; on a cache line of its own (the
     /// workers write it, the submitters read it).
@@ -193,21 +221,24 @@ impl Intake {
     /// An intake for a queue bound of `queue_capacity` jobs.
     pub(crate) fn new(queue_capacity: usize) -> Self {
         Intake {
-            jobs: Queue::new(queue_capacity.clamp(1, SLOTS)),
+            jobs: Ring::new(queue_capacity.clamp(1, SLOTS)),
             workers: Padded(AtomicUsize::new(0)),
         }
     }
 
     /// Appends `task`, whose place was reserved, then fences (inv. 2); the
     /// caller then looks at [`needs_worker`](Self::needs_worker). Hands
-    /// `task` back if the intake is full (inv. 3).
+    /// `task` back if the intake is full, or another submitter is putting
+    /// its job in at the tail (inv. 3).
     pub(crate) fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
-        self.jobs.push(task)?;
+        self.jobs.push(task).map_err(Refused::into_inner)?;
         fence(Ordering::SeqCst);
         Ok(())
     }
 
-    /// Whether no job waits in the intake (`SeqCst`: inv. 2).
+    /// Whether no job waits in the intake (after a `SeqCst` fence: inv. 2;
+    /// under the pool lock, exact for every push that has returned:
+    /// ring.rs inv. 3).
     pub(crate) fn is_empty(&self) -> bool {
         self.jobs.is_empty()
     }
@@ -232,71 +263,5 @@ impl Intake {
     pub(crate) fn needs_worker(&self) -> bool {
         let word = self.workers.load(Ordering::Acquire);
         word >> HALF == 0 && word & HALF_MAX > 0
-    }
-}
-
-/// The FIFO itself: crossbeam's lock-free array channel (a ring of
-/// `slots`); under loom, whose models cannot see inside crossbeam, a loom
-/// mutex around a `VecDeque` of as many.
-#[cfg(not(loom))]
-struct Queue {
-    tx: crossbeam_channel::Sender<Arc<dyn Task>>,
-    rx: crossbeam_channel::Receiver<Arc<dyn Task>>,
-}
-
-#[cfg(not(loom))]
-impl Queue {
-    fn new(slots: usize) -> Self {
-        let (tx, rx) = crossbeam_channel::bounded(slots);
-        Queue { tx, rx }
-    }
-
-    /// Appends `task`, or hands it back if the ring is full. (The receiver
-    /// lives as long as the sender: both are ours.)
-    fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
-        self.tx.try_send(task).map_err(|e| e.into_inner())
-    }
-
-    fn pop(&self) -> Option<Arc<dyn Task>> {
-        self.rx.try_recv().ok()
-    }
-
-    /// `SeqCst` loads of both ends (crossbeam's array channel), after the
-    /// `SeqCst` compare-exchange of a send's tail: inv. 2's pairing.
-    fn is_empty(&self) -> bool {
-        self.rx.is_empty()
-    }
-}
-
-#[cfg(loom)]
-struct Queue {
-    jobs: crate::sync::Mutex<std::collections::VecDeque<Arc<dyn Task>>>,
-    slots: usize,
-}
-
-#[cfg(loom)]
-impl Queue {
-    fn new(slots: usize) -> Self {
-        Queue {
-            jobs: crate::sync::Mutex::new(std::collections::VecDeque::new()),
-            slots,
-        }
-    }
-
-    fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
-        let mut jobs = crate::sync::lock(&self.jobs);
-        if jobs.len() == self.slots {
-            return Err(task);
-        }
-        jobs.push_back(task);
-        Ok(())
-    }
-
-    fn pop(&self) -> Option<Arc<dyn Task>> {
-        crate::sync::lock(&self.jobs).pop_front()
-    }
-
-    fn is_empty(&self) -> bool {
-        crate::sync::lock(&self.jobs).is_empty()
     }
 }

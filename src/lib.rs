@@ -17,6 +17,7 @@ mod limiter;
 mod policy;
 mod quiet;
 mod ready;
+mod ring;
 mod slab;
 mod sync;
 mod wait_list;

@@ -154,3 +154,78 @@ fn a_full_intake_vs_the_worker_emptying_it() {
     });
     BRANCHES.assert_all(["held job not started yet", "held job started"]);
 }
+
+/// ring.rs inv. 1–3: two producers race for the ring's last free place
+/// (on its second lap) while the consumer takes the value ahead of it:
+/// each value accepted is taken exactly once, in the order of its
+/// position; a producer is refused (full, or the other filling the place
+/// at the tail) only while the first claimer succeeds.
+#[test]
+fn ring_producers_vs_the_consumer() {
+    loom::model(|| {
+        let ring = Arc::new(crate::ring::Ring::new(2));
+        // Lap one passes: the next position, 2, is the first place's again.
+        assert_eq!(ring.push(0), Ok(()));
+        assert_eq!(ring.pop(), Some(0));
+        assert_eq!(ring.push(5), Ok(()));
+        let producers: Vec<_> = [1, 10]
+            .into_iter()
+            .map(|v| {
+                let ring = ring.clone();
+                loom::thread::spawn(move || ring.push(v).err())
+            })
+            .collect();
+        let mut got: Vec<i32> = ring.pop().into_iter().collect();
+        let refused: Vec<i32> = producers
+            .into_iter()
+            .filter_map(|p| p.join().expect("producer"))
+            .map(crate::ring::Refused::into_inner)
+            .collect();
+        while let Some(v) = ring.pop() {
+            got.push(v);
+        }
+        assert!(ring.is_empty());
+        assert_eq!(got[0], 5, "the oldest value leaves first");
+        // Two places: with 5 still in, one of the two is refused at most;
+        // with 5 taken, neither is.
+        assert!(refused.len() <= 1, "refused {refused:?}");
+        let mut all: Vec<i32> = got.iter().chain(&refused).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [1, 5, 10], "each value taken or refused, once");
+    });
+}
+
+/// ring.rs inv. 2–3: a value whose push has returned is never hidden
+/// behind a place another producer is still filling: a consumer that
+/// knows of the push (here through a flag) takes that value.
+#[test]
+fn a_returned_push_is_never_hidden_behind_one_going_in() {
+    loom::model(|| {
+        let ring = Arc::new(crate::ring::Ring::new(2));
+        let pushed = Arc::new(AtomicBool::new(false));
+        let first = {
+            let ring = ring.clone();
+            loom::thread::spawn(move || ring.push(1).is_ok())
+        };
+        let second = {
+            let (ring, pushed) = (ring.clone(), pushed.clone());
+            loom::thread::spawn(move || {
+                let ok = ring.push(2).is_ok();
+                if ok {
+                    pushed.store(true, Ordering::Release);
+                }
+                ok
+            })
+        };
+        if pushed.load(Ordering::Acquire) {
+            let mut got = Vec::new();
+            while let Some(v) = ring.pop() {
+                got.push(v);
+            }
+            assert!(got.contains(&2), "a returned push is in: {got:?}");
+        }
+        let first = first.join().expect("first");
+        let second = second.join().expect("second");
+        assert!(first || second, "the first claimer succeeds");
+    });
+}

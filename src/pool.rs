@@ -213,7 +213,8 @@ pub(crate) struct Inner {
     state: Padded<Mutex<State>>,
     /// The count of jobs queued, in the intake or with a place reserved
     /// (intake.rs inv. 1): the queue bound's reservations; spinning workers
-    /// read it as a hint (decisions are re-checked under the lock).
+    /// read its lock holders' half as a hint (`QueueCount::in_queue`;
+    /// decisions are re-checked under the lock).
     pub(crate) queue_count: std::sync::Arc<crate::intake::QueueCount>,
     /// The front door of plain jobs (intake.rs), if this pool has one.
     pub(crate) intake: Option<std::sync::Arc<crate::intake::Intake>>,

@@ -339,12 +339,11 @@ impl Inner {
             .is_ok()
     }
 
-    /// Spins until a job is queued or the spin budget is spent.
+    /// Spins until a job waits for a worker, or the spin budget is spent.
     fn spin(&self) {
         let began = Instant::now();
         let mut round = 0u32;
-        let mut patience = 0;
-        while !self.job_waits(&mut patience) {
+        while !self.job_waits() {
             round += 1;
             if round < 64 {
                 std::hint::spin_loop();
@@ -357,24 +356,14 @@ impl Inner {
     }
 
     /// Whether a job waits for a worker, as far as a spinner can tell
-    /// without the lock: queued, or in the intake. A place reserved at the
-    /// intake counts once its job is appended, a few instructions later
-    /// (`patience` rounds are given for it): a spinner that took the lock
-    /// before would find nothing and park.
-    fn job_waits(&self, patience: &mut u32) -> bool {
+    /// without the lock: in the intake, or in the queue. It reads lines
+    /// only the lock holder writes and the intake's front place, never the
+    /// queue count submitters add to at every job (whose line its looks
+    /// would pull away from them): a place reserved but not yet filled
+    /// shows once its job is in.
+    fn job_waits(&self) -> bool {
         // ORDERING: a hint; the worker looks again under the lock.
-        if self.queue_count.now() == 0 {
-            return false;
-        }
-        let Some(intake) = &self.intake else {
-            return true;
-        };
-        if !intake.is_empty() {
-            return true;
-        }
-        // Queued under the lock, or reserved at the intake.
-        *patience += 1;
-        *patience > 32
+        self.queue_count.in_queue() || self.intake.as_ref().is_some_and(|i| !i.is_empty())
     }
 
     /// Spawns the worker `id` counted by `Worker::Spawn`, under the lock;

@@ -322,6 +322,50 @@ async fn a_plain_job_is_counted_and_cancellable_at_once() {
     assert_eq!(m.cancelled, 1);
 }
 
+/// ring.rs inv. 2–3 through the pool: submitters racing at the intake
+/// (some find another filling the place at the tail and take the lock)
+/// each cancel every job right after its `spawn` returns. A job is never
+/// hidden behind a place still being filled: every cancel wins, none runs,
+/// and the ledger balances.
+#[test]
+fn racing_submitters_can_cancel_every_job_as_its_spawn_returns() {
+    const SUBMITTERS: usize = 4;
+    const EACH: usize = 20_000;
+    let pool = pool(1, 1 << 20);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let held = rt.block_on(occupy(&pool, 1));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(SUBMITTERS));
+    let threads: Vec<_> = (0..SUBMITTERS)
+        .map(|_| {
+            let (pool, ran, start) = (pool.clone(), ran.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..EACH {
+                    let ran = ran.clone();
+                    let job = pool
+                        .offload(move |_stop| {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                        })
+                        .spawn()
+                        .expect("room");
+                    assert!(job.cancel(), "a job whose spawn returned is queued");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a submitter");
+    }
+    let m = pool.metrics();
+    assert_ledger(&m);
+    let total = (SUBMITTERS * EACH) as u64;
+    assert_eq!((m.accepted, m.cancelled, m.queued), (total + 1, total, 0));
+    rt.block_on(held.release());
+    rt.block_on(drain_single(&pool));
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
 /// The last worker retiring at its keep-alive closes the intake first and
 /// stays if a job passed meanwhile: no plain job waits for a worker that
 /// is gone (run many times so that expiry and offers interleave).

@@ -116,6 +116,7 @@ impl State {
         self.group_join(task.core(), key);
         self.lane_push(task.core(), key, after);
         self.queued += 1;
+        self.entered_queue();
         // Several slots may have freed in one critical section (a limiter's
         // new permits readying several lanes, L5) with one waiter woken for
         // them: while room is left, each admission wakes the next waiter.

@@ -120,6 +120,12 @@ impl State {
         self.count.set_left(self.left);
     }
 
+    /// A job entered the queue (transition *accept*).
+    pub(crate) fn entered_queue(&mut self) {
+        self.entered = self.entered.wrapping_add(1);
+        self.count.set_entered(self.entered);
+    }
+
     /// Whether a parked worker whose keep-alive expired may retire: not the
     /// last one while jobs are queued ([`must_keep_worker`](Self::must_keep_worker)).
     /// The last one first closes the intake, so that no job passes it

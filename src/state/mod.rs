@@ -319,10 +319,14 @@ pub(crate) struct State {
     events: EventQueue,
     counts: Counts,
     /// The jobs queued, in the intake, or with a place reserved in the
-    /// queue bound (intake.rs inv. 1); read by spinning workers.
+    /// queue bound (intake.rs inv. 1); its lock holders' half is read by
+    /// spinning workers.
     count: std::sync::Arc<crate::intake::QueueCount>,
     /// Jobs that left the queue, ever (wrapping): `count`'s other half.
     left: usize,
+    /// Jobs that entered the queue, ever (wrapping): with `left`, whether
+    /// spinners find one there (`QueueCount::in_queue`).
+    entered: usize,
     /// The pool's intake (intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::intake::Intake>>,
@@ -389,6 +393,7 @@ impl State {
             counts: Counts::default(),
             count,
             left: 0,
+            entered: 0,
             reserved: 0,
             intake,
         }

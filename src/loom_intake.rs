@@ -1,8 +1,15 @@
-//! Loom models of the intake (intake.rs inv. 1–3): a plain job passing it
-//! while a shutdown closes it, while the only worker goes to park, while a
-//! searching worker takes another job, and jobs finding it full while the
-//! worker empties it.
-//! Listed in the table of `loom_tests.rs`.
+//! Loom models of the intake (intake.rs inv. 1–3) and of its ring (ring.rs
+//! inv. 1–3). Run with the others (`loom_tests.rs`).
+//!
+//! | model | covers |
+//! |---|---|
+//! | `intake_vs_shutdown` | ARCH 4 and 6; intake.rs inv. 1: a plain job offered at the intake while a shutdown closes it is either refused (function handed back, never run) or accepted and run |
+//! | `intake_vs_parking_worker` | intake.rs inv. 2: a plain job appended to the intake while the only worker stops searching and parks is seen by it or wakes it; it runs |
+//! | `intake_vs_a_searcher_taking_a_job` | intake.rs inv. 2 at two permits: a job appended while the only searcher takes another job (its submitter saw a searcher and woke nobody) gets the second worker instead of waiting for the first job's end (that job waits for it: without the searcher's look at the intake, a deadlock) |
+//! | `a_full_intake_vs_the_worker_emptying_it` | intake.rs inv. 3: jobs offered to a full intake (two slots under loom) while the worker empties it take the lock, which empties it first: every job runs, in the order offered, and the ledger balances |
+//! | `ring_producers_vs_the_consumer` | ring.rs inv. 1–3: two producers race for the last free place of a two-place ring, on its second lap, while the consumer takes the value ahead of it: the oldest value leaves first, each value is taken or handed back exactly once, and only one producer at most is refused |
+//! | `a_returned_push_is_never_hidden_behind_one_going_in` | ring.rs inv. 2–3: a value whose push returned is taken by a consumer that knows of it, never hidden behind a place still being filled (so a job whose `spawn` returned is in the queue at the next lock) |
+//! | `producers_with_room_are_never_told_full` | ring.rs inv. 2: a producer that read `tail` before another claimed and filled that position reads it again, and is not told "full" while the ring has room |
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
@@ -227,5 +234,31 @@ fn a_returned_push_is_never_hidden_behind_one_going_in() {
         let first = first.join().expect("first");
         let second = second.join().expect("second");
         assert!(first || second, "the first claimer succeeds");
+    });
+}
+
+/// ring.rs inv. 2: in a ring with room for both, two producers are never
+/// told "full", whatever their interleaving (one that read `tail` before
+/// the other moved it reads it again); at most one is told "busy".
+#[test]
+fn producers_with_room_are_never_told_full() {
+    loom::model(|| {
+        let ring = Arc::new(crate::ring::Ring::new(4));
+        let producers: Vec<_> = [1, 2]
+            .into_iter()
+            .map(|v| {
+                let ring = ring.clone();
+                loom::thread::spawn(move || ring.push(v))
+            })
+            .collect();
+        let mut busy = 0;
+        for p in producers {
+            match p.join().expect("producer") {
+                Ok(()) => {}
+                Err(crate::ring::Refused::Busy(_)) => busy += 1,
+                Err(crate::ring::Refused::Full(v)) => panic!("{v} told full with room"),
+            }
+        }
+        assert!(busy <= 1);
     });
 }

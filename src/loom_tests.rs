@@ -18,17 +18,12 @@
 //! | `job_stop_callback_drop_vs_request` | stop.rs inv. 4 on a job's token: once the function has dropped its guard, the callback is not running and never runs |
 //! | `completion_vs_replaced_async_waker` | job.rs inv. 3 with the async waker: a handle polled with one waker, then awaited with another (`will_wake` false, replaced under the slot lock) never misses the outcome |
 //! | `group_stop_vs_start` (loom_groups.rs) | state/groups.rs G2 and G1: a group stop racing its queued member's start either cancels it (never runs) or leaves it running with its token set (or finds it finished); the group's and the pool's ledgers agree |
-//! | `intake_vs_shutdown` (loom_intake.rs) | ARCH 4 and 6; intake.rs inv. 1: a plain job offered at the intake while a shutdown closes it is either refused (function handed back, never run) or accepted and run |
-//! | `intake_vs_parking_worker` (loom_intake.rs) | intake.rs inv. 2: a plain job appended to the intake while the only worker stops searching and parks is seen by it or wakes it; it runs |
-//! | `intake_vs_a_searcher_taking_a_job` (loom_intake.rs) | intake.rs inv. 2 at two permits: a job appended while the only searcher takes another job (its submitter saw a searcher and woke nobody) gets the second worker instead of waiting for the first job's end (that job waits for it: without the searcher's look at the intake, a deadlock) |
-//! | `a_full_intake_vs_the_worker_emptying_it` (loom_intake.rs) | intake.rs inv. 3: jobs offered to a full intake (two slots under loom) while the worker empties it take the lock, which empties it first: every job runs, in the order offered, and the ledger balances |
-//! | `ring_producers_vs_the_consumer` (loom_intake.rs) | ring.rs inv. 1–3: producers racing for the places of a two-place ring (one lapping it) while the consumer takes values: each value taken once, each producer's in order, nothing lost when a producer is told "full" |
-//! | `a_returned_push_is_never_hidden_behind_one_going_in` (loom_intake.rs) | ring.rs inv. 2–3: a value whose push returned is taken by a consumer that knows of it, never hidden behind a place still being filled (so a job whose `spawn` returned is in the queue at the next lock) |
 //! | `nested_stop_vs_child_offload` (loom_groups.rs) | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
 //! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
 //!
-//! The models of shared limiters (limiter/mod.rs M1–M3) are in
-//! `loom_limiters.rs`, whose module docs say what each covers.
+//! The models of the intake and its ring (intake.rs, ring.rs) are in
+//! `loom_intake.rs`, those of shared limiters (limiter/mod.rs M1–M3) in
+//! `loom_limiters.rs`; their module docs say what each covers.
 
 use std::future::Future as _;
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;

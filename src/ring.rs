@@ -127,9 +127,19 @@ impl<T> Ring<T> {
             // with `head`'s.
             let pos = tail / 2;
             let slot = &self.slots[pos & self.mask];
-            // Free for `pos`, or a value of the last lap still there.
-            if slot.stamp.load(Ordering::Acquire) != stamp(pos, 0) {
+            // Half-steps from "free for `pos`": 0 free; negative, a value
+            // of the last lap still there: full; positive, `pos` was
+            // claimed and filled since `tail` was read: read it again.
+            let ahead = slot
+                .stamp
+                .load(Ordering::Acquire)
+                .wrapping_sub(stamp(pos, 0)) as isize;
+            if ahead < 0 {
                 return Err(Refused::Full(value));
+            }
+            if ahead > 0 {
+                tail = self.tail.load(Ordering::Acquire);
+                continue;
             }
             match self.tail.compare_exchange_weak(
                 tail,

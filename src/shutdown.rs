@@ -59,6 +59,12 @@ impl Offloader {
     /// empty. Idempotent. Not the same as finished: see
     /// [`terminated`](Self::terminated).
     ///
+    /// "Returns at once" has one exception: a `spawn` on another thread
+    /// that is a few instructions into passing the pool's lock-free intake
+    /// is let finish first (its job is then accepted, or refused), so a
+    /// submitting thread preempted at that point holds the call until the
+    /// OS runs it again.
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -129,17 +129,14 @@ impl<T> Ring<T> {
             let slot = &self.slots[pos & self.mask];
             // Half-steps from "free for `pos`": 0 free; negative, a value
             // of the last lap still there: full; positive, `pos` was
-            // claimed and filled since `tail` was read: read it again.
+            // claimed and filled since `tail` was read, so `tail` has moved
+            // on and the compare-exchange below fails and reads it again.
             let ahead = slot
                 .stamp
                 .load(Ordering::Acquire)
                 .wrapping_sub(stamp(pos, 0)) as isize;
             if ahead < 0 {
                 return Err(Refused::Full(value));
-            }
-            if ahead > 0 {
-                tail = self.tail.load(Ordering::Acquire);
-                continue;
             }
             match self.tail.compare_exchange_weak(
                 tail,

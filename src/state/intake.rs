@@ -120,10 +120,11 @@ impl State {
         self.count.set_left(self.left);
     }
 
-    /// A job entered the queue (transition *accept*).
-    pub(crate) fn entered_queue(&mut self) {
-        self.entered = self.entered.wrapping_add(1);
-        self.count.set_entered(self.entered);
+    /// A job entered the queue (transition *accept*, which counts it in
+    /// `accepted`: jobs that entered the queue, ever).
+    pub(crate) fn entered_queue(&self) {
+        // Truncated on 32-bit targets: wrapping, like `left`.
+        self.count.set_entered(self.counts.accepted as usize);
     }
 
     /// Whether a parked worker whose keep-alive expired may retire: not the

@@ -324,9 +324,6 @@ pub(crate) struct State {
     count: std::sync::Arc<crate::intake::QueueCount>,
     /// Jobs that left the queue, ever (wrapping): `count`'s other half.
     left: usize,
-    /// Jobs that entered the queue, ever (wrapping): with `left`, whether
-    /// spinners find one there (`QueueCount::in_queue`).
-    entered: usize,
     /// The pool's intake (intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::intake::Intake>>,
@@ -393,7 +390,6 @@ impl State {
             counts: Counts::default(),
             count,
             left: 0,
-            entered: 0,
             reserved: 0,
             intake,
         }

@@ -214,10 +214,15 @@ fn a_shutdown_waits_for_a_place_reserved_at_the_intake() {
 /// Fills a place reserved at `pool`'s intake by hand (as a submitter
 /// would after its reservation) with a plain job returning 1.
 fn fill_reserved_place(pool: &Offloader) {
-    let core =
-        crate::job_core::JobCore::new(crate::id::JobId::next(), None, None, None, None, Vec::new());
-    let job: std::sync::Arc<dyn crate::job::Task> =
-        std::sync::Arc::new(crate::job::Job::new(core, |_: &crate::StopToken| 1));
+    let core = crate::job_core::new_core(
+        crate::id::JobId::next(),
+        None,
+        None,
+        None,
+        None,
+        Default::default(),
+    );
+    let job = core.into_task(|_: &crate::StopToken| 1);
     let pushed = pool.inner().intake.as_ref().expect("an intake").push(job);
     assert!(pushed.is_ok(), "the ring has room");
 }

@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use crate::error::Error;
 use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
-use crate::job_core::JobCore;
+use crate::job_core::{Extras, JobCore};
 use crate::quiet::{drop_quietly, panic_message, wake_quietly};
 use crate::stop::{StopExt, StopSource, StopToken};
 use crate::sync::{fence, lock, park_timeout, thread, Arc, AtomicBool, Mutex, Ordering};
@@ -77,9 +77,10 @@ pub(crate) trait Outcome<T>: Task {
     fn wait_outcome(&self, until: Option<Instant>) -> Option<Result<T, Error>>;
 }
 
-/// A job with its function, outcome and stop state, in one allocation.
-pub(crate) struct Job<F, T> {
-    core: JobCore,
+/// A job with its function, outcome and stop state, in one allocation,
+/// with its rare parts if it has any (`N = 1`, job_core.rs).
+pub(crate) struct Job<F, T, const N: usize = 0> {
+    core: JobCore<[Extras; N]>,
     cell: Mutex<Cell<F, T>>,
 }
 
@@ -152,12 +153,12 @@ impl<F, T> Cell<F, T> {
     }
 }
 
-impl<F, T> Job<F, T>
+impl<F, T, const N: usize> Job<F, T, N>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
 {
-    pub(crate) fn new(core: JobCore, func: F) -> Self {
+    pub(crate) fn new(core: JobCore<[Extras; N]>, func: F) -> Self {
         Job {
             core,
             cell: Mutex::new(Cell::Queued { func, waker: None }),
@@ -281,7 +282,7 @@ where
     }
 }
 
-impl<F, T> StopSource for Job<F, T>
+impl<F, T, const N: usize> StopSource for Job<F, T, N>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
@@ -291,7 +292,7 @@ where
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.core.extras.as_ref()?.deadline
+        self.core.extras()?.deadline
     }
 
     fn ext(&self, create: bool) -> Option<Arc<StopExt>> {
@@ -314,7 +315,7 @@ where
     }
 }
 
-impl<F, T> Task for Job<F, T>
+impl<F, T, const N: usize> Task for Job<F, T, N>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
@@ -375,7 +376,7 @@ where
     }
 }
 
-impl<F, T> Outcome<T> for Job<F, T>
+impl<F, T, const N: usize> Outcome<T> for Job<F, T, N>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
@@ -474,10 +475,17 @@ mod tests {
     /// counts (a 96-byte malloc chunk), plus its 16-byte queue slot.
     #[test]
     fn a_queued_noop_job_is_one_small_allocation() {
-        let job = Job::new(
-            JobCore::new(crate::id::JobId(1), None, None, None, None, Vec::new()),
-            |_: &StopToken| 0u64,
-        );
+        let crate::job_core::NewCore::Plain(core) = crate::job_core::new_core(
+            crate::id::JobId(1),
+            None,
+            None,
+            None,
+            None,
+            Default::default(),
+        ) else {
+            panic!("a job with nothing set is plain");
+        };
+        let job = Job::new(core, |_: &StopToken| 0u64);
         let bytes = std::mem::size_of_val(&job) + 2 * std::mem::size_of::<usize>();
         assert!(
             bytes <= 88,

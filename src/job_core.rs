@@ -7,18 +7,19 @@ use std::time::{Duration, Instant};
 
 use crate::id::{now_ns, JobId, JobState, QUEUED};
 use crate::lane::{LaneId, LaneKey};
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Limiters};
 use crate::slab::Key;
 use crate::sync::{AtomicBool, AtomicU8, Ordering};
 
-/// Rarely used parts of a job, allocated only when one is set.
+/// Rarely used parts of a job: in its allocation only when one is set
+/// ([`JobCore`]).
 pub(crate) struct Extras {
     pub(crate) name: Option<std::sync::Arc<str>>,
     pub(crate) deadline: Option<Instant>,
     pub(crate) group: Option<Membership>,
     pub(crate) lane: Option<LaneRef>,
     /// The limiters the job needs, sorted by id, no repeats.
-    pub(crate) limiters: Vec<Limiter>,
+    pub(crate) limiters: Limiters,
 }
 
 /// A keyed job's lane (state/lanes.rs).
@@ -70,61 +71,84 @@ const STUCK_REPORTED: u8 = 4;
 const WAKER_SET: u8 = 8;
 
 /// What every job has, whatever its function and result types.
-pub(crate) struct JobCore {
+///
+/// Its rare parts are its last field, in the job's one allocation: `[Extras;
+/// 0]` for a plain job (no bytes), `[Extras; 1]` for one with a name, a
+/// deadline, a group, a key or limiters. Code that handles jobs of either
+/// kind sees `JobCore` (`X = [Extras]`, through the job's `&dyn Task`), whose
+/// rare parts are a slice of length 0 or 1: no second allocation to reach
+/// them, and none to free.
+pub(crate) struct JobCore<X: ?Sized = [Extras]> {
     pub(crate) id: JobId,
     /// When the job was accepted, until it starts; from then on, when it
     /// started (see [`now_ns`]).
     time: AtomicU64,
-    pub(crate) extras: Option<Box<Extras>>,
     /// The job's key in the pool's slab while it is queued or running
     /// (state.rs S5). Read and written only under the pool lock.
     key: AtomicU32,
     pub(crate) state: AtomicU8,
     flags: AtomicU8,
     pub(crate) stopped: AtomicBool,
+    /// Last: the field a `JobCore<[Extras; N]>` is seen through as a
+    /// `JobCore` by.
+    rare: X,
 }
 
-impl JobCore {
-    pub(crate) fn new(
-        id: JobId,
-        name: Option<std::sync::Arc<str>>,
-        deadline: Option<Instant>,
-        group: Option<Key>,
-        key: Option<LaneKey>,
-        mut limiters: Vec<Limiter>,
-    ) -> Self {
-        crate::limiter::normalise(&mut limiters);
-        let lane = match key {
-            Some(k) => Some(LaneId::Key(k)),
-            None => match limiters.as_slice() {
-                [] => None,
-                [one] => Some(LaneId::Limiter(one.id())),
-                many => Some(LaneId::Limiters(many.iter().map(Limiter::id).collect())),
-            },
-        };
-        let group = group.map(|group| Membership {
+/// A new job's core, in the layout its rare parts need.
+pub(crate) enum NewCore {
+    /// No rare parts: the job's allocation holds none.
+    Plain(JobCore<[Extras; 0]>),
+    /// The job's allocation holds its rare parts.
+    WithExtras(JobCore<[Extras; 1]>),
+}
+
+/// The core of a new job, queued, its clock started.
+pub(crate) fn new_core(
+    id: JobId,
+    name: Option<std::sync::Arc<str>>,
+    deadline: Option<Instant>,
+    group: Option<Key>,
+    key: Option<LaneKey>,
+    mut limiters: Limiters,
+) -> NewCore {
+    limiters.normalise();
+    let lane = match key {
+        Some(k) => Some(LaneId::Key(k)),
+        None => match limiters.as_slice() {
+            [] => None,
+            [one] => Some(LaneId::Limiter(one.id())),
+            many => Some(LaneId::Limiters(many.iter().map(Limiter::id).collect())),
+        },
+    };
+    let group = group.map(|group| Membership {
+        group,
+        member: AtomicU32::new(0),
+    });
+    let lane = lane.map(|id| LaneRef {
+        id,
+        // No slot yet (never a lane's: the lane slab holds far fewer).
+        slot: AtomicU32::new(u32::MAX),
+    });
+    if name.is_none() && deadline.is_none() && group.is_none() && lane.is_none() {
+        return NewCore::Plain(JobCore::with_rare(id, []));
+    }
+    NewCore::WithExtras(JobCore::with_rare(
+        id,
+        [Extras {
+            name,
+            deadline,
             group,
-            member: AtomicU32::new(0),
-        });
-        let lane = lane.map(|id| LaneRef {
-            id,
-            // No slot yet (never a lane's: the lane slab holds far fewer).
-            slot: AtomicU32::new(u32::MAX),
-        });
-        let rare = name.is_some() || deadline.is_some() || group.is_some() || lane.is_some();
-        let extras = rare.then(|| {
-            Box::new(Extras {
-                name,
-                deadline,
-                group,
-                lane,
-                limiters,
-            })
-        });
+            lane,
+            limiters,
+        }],
+    ))
+}
+
+impl<const N: usize> JobCore<[Extras; N]> {
+    fn with_rare(id: JobId, rare: [Extras; N]) -> Self {
         JobCore {
             id,
             time: AtomicU64::new(now_ns()),
-            extras,
             key: AtomicU32::new(0),
             state: AtomicU8::new(QUEUED),
             // Every job accepted gets its owner handle (`JobHandle::new`):
@@ -132,7 +156,15 @@ impl JobCore {
             // a read-modify-write after the job is shared.
             flags: AtomicU8::new(CALLER_WAITING),
             stopped: AtomicBool::new(false),
+            rare,
         }
+    }
+}
+
+impl<X: AsRef<[Extras]> + ?Sized> JobCore<X> {
+    /// The job's rare parts, if it has any.
+    pub(crate) fn extras(&self) -> Option<&Extras> {
+        self.rare.as_ref().first()
     }
 
     /// Records the job's slab key (under the pool lock).
@@ -199,11 +231,11 @@ impl JobCore {
 
     /// The job's place in a job group, if it was offloaded through one.
     pub(crate) fn membership(&self) -> Option<&Membership> {
-        self.extras.as_ref()?.group.as_ref()
+        self.extras()?.group.as_ref()
     }
 
     pub(crate) fn lane(&self) -> Option<&LaneRef> {
-        self.extras.as_ref()?.lane.as_ref()
+        self.extras()?.lane.as_ref()
     }
 
     /// The job's key ([`Offload::key`](crate::Offload::key)), if it has one.
@@ -216,11 +248,11 @@ impl JobCore {
 
     /// The limiters the job needs (sorted by id).
     pub(crate) fn limiters(&self) -> &[Limiter] {
-        self.extras.as_ref().map_or(&[], |e| &e.limiters)
+        self.extras().map_or(&[], |e| e.limiters.as_slice())
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {
-        self.extras.as_ref()?.name.as_ref()
+        self.extras()?.name.as_ref()
     }
 
     pub(crate) fn is_stop_requested(&self) -> bool {

@@ -12,7 +12,7 @@ use crate::error::{Rejected, SubmitError};
 use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
-use crate::job_core::JobCore;
+use crate::job_core::{new_core, NewCore};
 use crate::policy::AbandonPolicy;
 use crate::pool::Offloader;
 use crate::state::Waiters;
@@ -62,7 +62,7 @@ pub(crate) struct Options {
     pub(crate) policy: Option<AbandonPolicy>,
     group: Option<JobGroup>,
     key: Option<crate::LaneKey>,
-    limiters: Vec<crate::Limiter>,
+    limiters: crate::limiter::Limiters,
     /// Whether an awaiting caller may spin briefly for a short job's outcome
     /// (not for the jobs of a batch: they are awaited together).
     pub(crate) no_spin: bool,
@@ -361,7 +361,6 @@ where
     // would allocate on every retry of a caller waiting for room.
     #[allow(clippy::result_large_err)]
     pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
-        let inner = self.pool.inner().clone();
         // The function's deadline is in real time: it runs on real threads.
         let wait_until = self
             .opts
@@ -375,7 +374,7 @@ where
         let group = opts.group.as_ref().map(JobGroup::key);
         // The job takes its name, key and limiters (no clone per job: a
         // refusal gives them back below).
-        let core = JobCore::new(
+        let core = new_core(
             crate::id::JobId::next(),
             opts.name.take(),
             deadline,
@@ -383,35 +382,54 @@ where
             opts.key.take(),
             std::mem::take(&mut opts.limiters),
         );
-        let job = Arc::new(Job::new(core, self.func));
-        // A job that follows a token cancelled already is cancelled in the
-        // critical section that accepts it: a worker could start it before
-        // the watch below could cancel it.
-        #[cfg(feature = "tokio-util")]
-        let cancelled = opts
-            .follow
-            .as_ref()
-            .is_some_and(crate::interop::Follow::is_cancelled);
-        #[cfg(not(feature = "tokio-util"))]
-        let cancelled = false;
-        if let Err((reason, func)) = inner.submit(&job, cancelled) {
-            let core = crate::job::Task::core(&*job);
-            opts.name = core.name().cloned();
-            opts.key = core.lane_key().cloned();
-            opts.limiters = core.limiters().to_vec();
-            return Err((reason, Offload::with_options(self.pool, func, opts)));
+        let (pool, func) = (self.pool, self.func);
+        match core {
+            NewCore::Plain(core) => accept(Arc::new(Job::new(core, func)), pool, opts, began),
+            NewCore::WithExtras(core) => accept(Arc::new(Job::new(core, func)), pool, opts, began),
         }
-        #[cfg(feature = "tokio-util")]
-        if let Some(follow) = opts.follow {
-            let task: Arc<dyn crate::job::Task> = job.clone();
-            follow.watch(&task, &inner);
-        }
-        let mut handle = JobHandle::new(job, inner);
-        if let Some(limit) = opts.timeout {
-            handle.set_wait_limit(began, limit);
-        }
-        Ok(handle)
     }
+}
+
+/// The rest of [`Offload::try_accept`], for a job of either layout.
+#[allow(clippy::result_large_err)]
+fn accept<F, T, const N: usize>(
+    job: Arc<Job<F, T, N>>,
+    pool: Offloader,
+    mut opts: Options,
+    began: Began,
+) -> Result<JobHandle<T>, (Rejected, Offload<F, T>)>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let inner = pool.inner().clone();
+    // A job that follows a token cancelled already is cancelled in the
+    // critical section that accepts it: a worker could start it before
+    // the watch below could cancel it.
+    #[cfg(feature = "tokio-util")]
+    let cancelled = opts
+        .follow
+        .as_ref()
+        .is_some_and(crate::interop::Follow::is_cancelled);
+    #[cfg(not(feature = "tokio-util"))]
+    let cancelled = false;
+    if let Err((reason, func)) = inner.submit(&job, cancelled) {
+        let core = crate::job::Task::core(&*job);
+        opts.name = core.name().cloned();
+        opts.key = core.lane_key().cloned();
+        opts.limiters = core.limiters().into();
+        return Err((reason, Offload::with_options(pool, func, opts)));
+    }
+    #[cfg(feature = "tokio-util")]
+    if let Some(follow) = opts.follow {
+        let task: Arc<dyn crate::job::Task> = job.clone();
+        follow.watch(&task, &inner);
+    }
+    let mut handle = JobHandle::new(job, inner);
+    if let Some(limit) = opts.timeout {
+        handle.set_wait_limit(began, limit);
+    }
+    Ok(handle)
 }
 
 impl<F, T> fmt::Debug for Offload<F, T> {
@@ -422,5 +440,20 @@ impl<F, T> fmt::Debug for Offload<F, T> {
             .field("deadline", &self.opts.deadline)
             .field("policy", &self.opts.policy)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+impl crate::job_core::NewCore {
+    /// The job of `func` with this core, as the pool sees it.
+    pub(crate) fn into_task<F, T>(self, func: F) -> Arc<dyn crate::job::Task>
+    where
+        F: FnOnce(&StopToken) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        match self {
+            crate::job_core::NewCore::Plain(core) => Arc::new(Job::new(core, func)),
+            crate::job_core::NewCore::WithExtras(core) => Arc::new(Job::new(core, func)),
+        }
     }
 }

@@ -343,9 +343,9 @@ impl Inner {
     /// Enqueues `job` if the pool accepts it, making sure a worker will run
     /// it. On refusal the function is handed back; a full queue is not
     /// counted here (a waiting caller retries).
-    pub(crate) fn submit<F, T>(
+    pub(crate) fn submit<F, T, const N: usize>(
         self: &Arc<Self>,
-        job: &Arc<Job<F, T>>,
+        job: &Arc<Job<F, T, N>>,
         cancelled: bool,
     ) -> Result<(), (Rejected, F)>
     where

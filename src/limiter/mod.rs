@@ -351,9 +351,61 @@ pub(crate) fn release_all(limiters: &[Limiter], wakes: &mut Vec<Wake>) {
 
 /// Sorts `limiters` by id and drops repeats (a job listing one limiter
 /// twice takes one permit of it).
-pub(crate) fn normalise(limiters: &mut Vec<Limiter>) {
-    limiters.sort_by_key(Limiter::id);
-    limiters.dedup_by_key(|l| l.id());
+/// A job's limiters: one kept inline (a job needing one limiter allocates
+/// nothing for it), more in a vector.
+#[derive(Clone, Default)]
+pub(crate) enum Limiters {
+    #[default]
+    None,
+    One(Limiter),
+    Many(Vec<Limiter>),
+}
+
+impl Limiters {
+    /// Adds `limiter` (a repeat too: [`normalise`](Self::normalise) drops
+    /// it).
+    pub(crate) fn push(&mut self, limiter: Limiter) {
+        *self = match std::mem::take(self) {
+            Limiters::None => Limiters::One(limiter),
+            Limiters::One(first) => Limiters::Many(vec![first, limiter]),
+            Limiters::Many(mut all) => {
+                all.push(limiter);
+                Limiters::Many(all)
+            }
+        };
+    }
+
+    /// The limiters, in the order kept.
+    pub(crate) fn as_slice(&self) -> &[Limiter] {
+        match self {
+            Limiters::None => &[],
+            Limiters::One(one) => std::slice::from_ref(one),
+            Limiters::Many(all) => all,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    /// Sorts them by id and drops repeats: the order in which a pool
+    /// locks them, each once.
+    pub(crate) fn normalise(&mut self) {
+        if let Limiters::Many(all) = self {
+            all.sort_by_key(Limiter::id);
+            all.dedup_by_key(|l| l.id());
+        }
+    }
+}
+
+impl From<&[Limiter]> for Limiters {
+    fn from(limiters: &[Limiter]) -> Self {
+        match limiters {
+            [] => Limiters::None,
+            [one] => Limiters::One(one.clone()),
+            all => Limiters::Many(all.to_vec()),
+        }
+    }
 }
 
 impl fmt::Debug for Limiter {
@@ -376,3 +428,33 @@ impl PartialEq for Limiter {
 }
 
 impl Eq for Limiter {}
+
+#[cfg(all(test, not(loom)))]
+mod limiters_tests {
+    use super::{Limiter, Limiters};
+
+    fn ids(l: &Limiters) -> Vec<u64> {
+        l.as_slice().iter().map(Limiter::id).collect()
+    }
+
+    #[test]
+    fn one_limiter_is_kept_inline_and_more_are_sorted_without_repeats() {
+        let (a, b) = (Limiter::new(1), Limiter::new(1));
+        let mut l = Limiters::default();
+        assert!(l.is_empty());
+        l.push(b.clone());
+        assert!(matches!(l, Limiters::One(_)));
+        l.normalise();
+        assert_eq!(ids(&l), [b.id()]);
+        l.push(a.clone());
+        l.push(b.clone());
+        assert_eq!(ids(&l), [b.id(), a.id(), b.id()], "kept as pushed");
+        l.normalise();
+        assert_eq!(ids(&l), [a.id(), b.id()], "by id, each once");
+        assert!(!l.is_empty());
+        let back = Limiters::from(l.as_slice());
+        assert_eq!(ids(&back), [a.id(), b.id()]);
+        assert!(matches!(Limiters::from(&[a.clone()][..]), Limiters::One(_)));
+        assert!(Limiters::from(&[][..]).is_empty());
+    }
+}

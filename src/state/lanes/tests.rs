@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::{KEEP_IDLE_LANES, KEEP_LANE_SLOTS};
 use crate::id::JobId;
-use crate::job::{Job, Task};
-use crate::job_core::JobCore;
+use crate::job::Task;
+use crate::job_core::new_core;
 use crate::lane::LaneKey;
 use crate::limiter::{Limiter, TestPool};
 use crate::state::{After, KeyLimits, Room, State, Waiters};
@@ -36,8 +36,8 @@ fn state(max_in_flight: usize, capacity: usize, watcher: &Arc<TestPool>) -> Stat
 }
 
 fn job(key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
-    let core = JobCore::new(JobId::next(), None, None, None, key, limiters);
-    Arc::new(Job::new(core, |_: &StopToken| ()))
+    let limiters = crate::limiter::Limiters::from(limiters.as_slice());
+    new_core(JobId::next(), None, None, None, key, limiters).into_task(|_: &StopToken| ())
 }
 
 fn accept(s: &mut State, key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {

@@ -1,0 +1,140 @@
+//! What a job costs the submitting thread in allocations (issue 11): one,
+//! whatever it carries. A job with a limiter, a deadline, a key or a name
+//! keeps those parts in its own allocation (a second one per job, and a
+//! third for the limiter list, cost the limited batch half its speed), and
+//! the first limiter needs no list. Counted by an allocator that counts the
+//! calls made on the thread that asks for them.
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+struct Counting;
+
+thread_local! {
+    /// Allocations made on this thread while `COUNTING` is set.
+    static MADE: Cell<u64> = const { Cell::new(0) };
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: defers to the system allocator; only counts the calls, in
+// thread-locals that need no allocation (const-initialised `Cell`s).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = COUNTING.try_with(|on| {
+            if on.get() {
+                MADE.with(|m| m.set(m.get() + 1));
+            }
+        });
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = COUNTING.try_with(|on| {
+            if on.get() {
+                MADE.with(|m| m.set(m.get() + 1));
+            }
+        });
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations `f` makes on this thread.
+fn allocations_of<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    let before = MADE.with(Cell::get);
+    COUNTING.with(|on| on.set(true));
+    let r = f();
+    COUNTING.with(|on| on.set(false));
+    (r, MADE.with(Cell::get) - before)
+}
+
+const JOBS: usize = 2_000;
+
+/// Spawns `JOBS` jobs made by `make` behind a held permit (so that they
+/// stay queued and no worker runs meanwhile) and returns the allocations
+/// per job on the submitting thread; then lets them all run.
+async fn per_job<F>(make: F) -> f64
+where
+    F: Fn(
+        &offloader::Offloader,
+    ) -> offloader::Offload<Box<dyn FnOnce(&offloader::StopToken) + Send>, ()>,
+{
+    let pool = pool(1, 2 * JOBS);
+    // Warm up every lazily built part (the pool's threads, lanes, slab).
+    within("a warm-up job", make(&pool)).await.unwrap();
+    let occupied = occupy(&pool, 1).await;
+    let mut handles = Vec::with_capacity(JOBS);
+    let ((), made) = allocations_of(|| {
+        for _ in 0..JOBS {
+            handles.push(make(&pool).spawn().expect("room"));
+        }
+    });
+    occupied.release().await;
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+    made as f64 / JOBS as f64
+}
+
+/// A function that captures nothing: its box allocates nothing.
+fn noop() -> Box<dyn FnOnce(&offloader::StopToken) + Send> {
+    Box::new(|_| ())
+}
+
+/// Room for the pool's structures growing as the queue does (amortised).
+const GROWTH: f64 = 0.05;
+
+/// `per` is `n` allocations per job, give or take the growth (and at
+/// least `n`: the counter sees the job's own).
+fn assert_about(per: f64, n: f64, what: &str) {
+    assert!(
+        per >= n && per <= n + GROWTH,
+        "{per} allocations per {what}, expected {n}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_plain_job_is_one_allocation() {
+    let per = per_job(|p| p.offload(noop())).await;
+    assert_about(per, 1.0, "plain job");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_job_with_one_limiter_is_one_allocation() {
+    let limiter = offloader::Limiter::new(1 << 20);
+    let per = per_job(|p| p.offload(noop()).limiter(&limiter)).await;
+    assert_about(per, 1.0, "job with a limiter");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_job_with_a_deadline_and_a_key_is_one_allocation() {
+    let at = Instant::now() + Duration::from_secs(3600);
+    let per = per_job(|p| p.offload(noop()).deadline(at).key(7u64)).await;
+    assert_about(per, 1.0, "job with a deadline and a key");
+}
+
+/// Two limiters need their list, and the lane their ids: two allocations
+/// more (four before the job kept its parts).
+#[tokio::test(flavor = "current_thread")]
+async fn a_job_with_two_limiters_is_three_allocations() {
+    let (a, b) = (
+        offloader::Limiter::new(1 << 20),
+        offloader::Limiter::new(1 << 20),
+    );
+    let per = per_job(|p| p.offload(noop()).limiter(&a).limiter(&b)).await;
+    assert_about(per, 3.0, "job with two limiters");
+}

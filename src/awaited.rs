@@ -149,8 +149,7 @@ where
                         },
                     };
                     match admitted {
-                        Ok(mut handle) => {
-                            handle.clear_wait_limit();
+                        Ok(handle) => {
                             *this.stage = Stage::Wait(handle);
                         }
                         Err(e) => {

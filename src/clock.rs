@@ -84,6 +84,12 @@ impl Began {
 /// different readings back to back, which costs two clock reads and ends
 /// the check; two equal readings (a paused clock, or a coarse clock source)
 /// are confirmed over 2 µs of real time.
+/// The runtime here if its clock is paused.
+fn paused_runtime() -> Option<tokio::runtime::Handle> {
+    let rt = tokio::runtime::Handle::try_current().ok()?;
+    tokio_clock_paused().then_some(rt)
+}
+
 fn tokio_clock_paused() -> bool {
     let first = tokio::time::Instant::now();
     if tokio::time::Instant::now() != first {
@@ -231,7 +237,8 @@ impl ClockHolds {
     /// returned guard lives. `None` (and nothing spawned) with a running
     /// clock or outside a runtime.
     pub(crate) fn hold(self: &std::sync::Arc<Self>) -> Option<ClockHold> {
-        self.hold_on(None)
+        let rt = paused_runtime()?;
+        Some(self.hold_on(rt, None))
     }
 
     /// [`hold`](Self::hold) for a caller waiting on one job: the clock is
@@ -240,17 +247,17 @@ impl ClockHolds {
         self: &std::sync::Arc<Self>,
         working: impl Fn() -> bool + Send + 'static,
     ) -> Option<ClockHold> {
-        self.hold_on(Some(Box::new(working)))
+        // Boxed only under a paused clock: an await that found its job
+        // still running allocates nothing for this.
+        let rt = paused_runtime()?;
+        Some(self.hold_on(rt, Some(Box::new(working))))
     }
 
     fn hold_on(
         self: &std::sync::Arc<Self>,
+        rt: tokio::runtime::Handle,
         working: Option<Box<dyn Fn() -> bool + Send>>,
-    ) -> Option<ClockHold> {
-        let rt = tokio::runtime::Handle::try_current().ok()?;
-        if !tokio_clock_paused() {
-            return None;
-        }
+    ) -> ClockHold {
         let (start, job) = {
             let mut s = self.lock();
             let job = match working {
@@ -268,10 +275,10 @@ impl ClockHolds {
                 .store(false, std::sync::atomic::Ordering::Release);
             self.start_task(Some(rt));
         }
-        Some(ClockHold {
+        ClockHold {
             holds: self.clone(),
             job,
-        })
+        }
     }
 }
 

@@ -77,17 +77,20 @@ impl<T> JobHandle<T> {
         }
     }
 
-    pub(crate) fn set_wait_limit(&mut self, began: Began, limit: Duration) {
-        self.timer = Some(Box::new(Timer {
-            began,
-            limit: Some(limit),
-            sleep: None,
-            hold: None,
-        }));
-    }
-
-    pub(crate) fn clear_wait_limit(&mut self) {
-        self.timer = None;
+    /// The handle with the caller's wait `limit` (from
+    /// [`with_timeout`](crate::Offload::with_timeout)) counted from
+    /// `began`, if there is one. A directly awaited offload keeps its own
+    /// timer and never asks: no box for it.
+    pub(crate) fn with_wait_limit(mut self, began: Began, limit: Option<Duration>) -> Self {
+        if let Some(limit) = limit {
+            self.timer = Some(Box::new(Timer {
+                began,
+                limit: Some(limit),
+                sleep: None,
+                hold: None,
+            }));
+        }
+        self
     }
 
     /// The job's id.

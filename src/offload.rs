@@ -262,11 +262,15 @@ where
     /// # Ok(()) }
     /// ```
     pub fn spawn(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        let began = Began::if_limited(self.opts.timeout);
-        self.try_accept(began).map_err(|(reason, back)| {
-            back.pool.inner().count_refusal(&reason);
-            SubmitError::new(reason, back.func)
-        })
+        let limit = self.opts.timeout;
+        let began = Began::if_limited(limit);
+        match self.try_accept(began) {
+            Ok(handle) => Ok(handle.with_wait_limit(began, limit)),
+            Err((reason, back)) => {
+                back.pool.inner().count_refusal(&reason);
+                Err(SubmitError::new(reason, back.func))
+            }
+        }
     }
 
     /// Submits the job once the queue has room, waiting for it, and returns
@@ -292,6 +296,7 @@ where
     /// [`submit`](Self::submit), with the caller's wait counted from `began`.
     pub(crate) async fn submit_from(self, began: Began) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
+        let limit = self.opts.timeout;
         // Counted so that freed slots signal it (state.rs `room_freed`).
         let _counted = Waiting::new(&inner, Waiters::Room);
         // Counted once refused, if the job needs no limiter and has no key
@@ -299,7 +304,7 @@ where
         // the bound full then signals every waiter (admission.rs
         // `room_for_jobs_starting_at_once`), this one among them.
         let mut plain = None;
-        let wait_until = self.opts.timeout.map(|limit| began.timer_deadline(limit));
+        let wait_until = limit.map(|limit| began.timer_deadline(limit));
         // Under a paused test clock, a timed wait for room (for running jobs
         // to finish) holds the clock as long as it lasts; set up at the
         // first wait.
@@ -314,7 +319,7 @@ where
             let mut freed = pin!(inner.room_freed.notified());
             freed.as_mut().enable();
             match this.try_accept(began) {
-                Ok(handle) => return Ok(handle),
+                Ok(handle) => return Ok(handle.with_wait_limit(began, limit)),
                 // The observer itself cannot wait for its own lag to drop.
                 Err((reason @ Rejected::ObserverBehind { .. }, back))
                     if inner.is_delivery_thread() =>
@@ -384,8 +389,8 @@ where
         );
         let (pool, func) = (self.pool, self.func);
         match core {
-            NewCore::Plain(core) => accept(Arc::new(Job::new(core, func)), pool, opts, began),
-            NewCore::WithExtras(core) => accept(Arc::new(Job::new(core, func)), pool, opts, began),
+            NewCore::Plain(core) => accept(Arc::new(Job::new(core, func)), pool, opts),
+            NewCore::WithExtras(core) => accept(Arc::new(Job::new(core, func)), pool, opts),
         }
     }
 }
@@ -396,7 +401,6 @@ fn accept<F, T, const N: usize>(
     job: Arc<Job<F, T, N>>,
     pool: Offloader,
     mut opts: Options,
-    began: Began,
 ) -> Result<JobHandle<T>, (Rejected, Offload<F, T>)>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
@@ -425,11 +429,7 @@ where
         let task: Arc<dyn crate::job::Task> = job.clone();
         follow.watch(&task, &inner);
     }
-    let mut handle = JobHandle::new(job, inner);
-    if let Some(limit) = opts.timeout {
-        handle.set_wait_limit(began, limit);
-    }
-    Ok(handle)
+    Ok(JobHandle::new(job, inner))
 }
 
 impl<F, T> fmt::Debug for Offload<F, T> {

@@ -9,6 +9,7 @@ mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -137,4 +138,42 @@ async fn a_job_with_two_limiters_is_three_allocations() {
     );
     let per = per_job(|p| p.offload(noop()).limiter(&a).limiter(&b)).await;
     assert_about(per, 3.0, "job with two limiters");
+}
+
+/// `offload(f).with_timeout(d).await`, the usual call: the job is the only
+/// allocation of the caller's polls (the awaiting future keeps its timer
+/// inline; the owner handle inside it got a boxed timer of its own, at
+/// once dropped, and an await that found its job running boxed a check for
+/// a paused test clock). Each job waits on a gate until its caller's
+/// first poll has returned `Pending`, so every await takes the waiting
+/// path.
+#[tokio::test(flavor = "current_thread")]
+async fn an_awaited_job_with_a_timeout_is_one_allocation() {
+    let pool = pool(1, 16);
+    let limit = Duration::from_secs(3600);
+    within("a warm-up job", pool.offload(noop()).with_timeout(limit))
+        .await
+        .unwrap();
+    let mut made = 0;
+    for _ in 0..JOBS {
+        // The test's own allocations (the gate, the boxed function) first.
+        let (open, gate) = std::sync::mpsc::sync_channel::<()>(1);
+        let f: Box<dyn FnOnce(&offloader::StopToken) + Send> = Box::new(move |_| {
+            let _ = gate.recv();
+        });
+        let mut fut = std::pin::pin!(pool.offload(f).with_timeout(limit).into_future());
+        let mut first = true;
+        let out = std::future::poll_fn(|cx| {
+            let (poll, n) = allocations_of(|| fut.as_mut().poll(cx));
+            made += n;
+            if std::mem::take(&mut first) {
+                assert!(poll.is_pending(), "the job waits on its gate");
+                open.send(()).expect("the job holds the gate");
+            }
+            poll
+        })
+        .await;
+        out.unwrap();
+    }
+    assert_about(made as f64 / JOBS as f64, 1.0, "awaited job with a timeout");
 }

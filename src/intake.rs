@@ -39,11 +39,12 @@
 //!    an appended job always has a worker coming: rule 1 of "Waking
 //!    workers" holds for both doors.
 //! 3. **A ring.** The intake holds at most [`SLOTS`] jobs (fewer if the
-//!    queue bound is lower), in a ring allocated with the pool (ring.rs,
-//!    whose invariants say what a job's trip through it costs): passing it
-//!    allocates and frees nothing but the job, so a worker emptying it
-//!    never frees memory under the pool lock, in the allocator's arena the
-//!    submitter allocates from. A submitter that finds the ring full, or
+//!    queue bound is lower), in a ring allocated once, by the first job
+//!    that passes the intake (ring.rs, whose invariants say what a job's
+//!    trip through it costs; a pool that never takes a job keeps none):
+//!    passing it allocates and frees nothing but the job, so a worker
+//!    emptying it never frees memory under the pool lock, in the
+//!    allocator's arena the submitter allocates from. A submitter that finds the ring full, or
 //!    its tail place being filled by another submitter (ring.rs inv. 2),
 //!    gives its place back and goes through the lock, whose holder empties
 //!    the intake before it accepts that job: the order of acceptance holds.
@@ -201,7 +202,7 @@ const HALF_MAX: usize = (1 << HALF) - 1;
 
 /// The pool's intake: the jobs appended, and the workers' word.
 pub(crate) struct Intake {
-    jobs: Ring<Arc<dyn Task>>,
+    jobs: LazyRing,
     /// Searching workers (high half) and workers that could be woken (low
     /// half), each saturated to its half; on a cache line of its own (the
     /// workers write it, the submitters read it).
@@ -210,20 +211,79 @@ pub(crate) struct Intake {
 
 /// The most jobs the intake holds (fewer if the queue bound is smaller):
 /// a ring allocated once, so that passing the intake allocates and frees
-/// nothing but the job (inv. 3).
+/// nothing but the job (inv. 3). 128 KiB of places (64 bytes each), made
+/// by the first push: with a neighbour taking one of two cores, a pool's
+/// workers and its submitter share the other for long stretches, and a
+/// submitter that fills the ring while no worker runs sends its next job
+/// through the pool lock, whose holder (the submitter) moves the ring into
+/// the queue; at 256 places that was once per 100 µs of submitting, and
+/// the limit-2 batch took 11-34 % more CPU per job, 1-24 % less
+/// throughput (`docs/perf/2026-12-06-ring-size-ab.txt`).
 #[cfg(not(loom))]
-const SLOTS: usize = 256;
+const SLOTS: usize = 2048;
 /// Under loom: small enough that the models reach a full intake.
 #[cfg(loom)]
 const SLOTS: usize = 2;
+
+/// The intake's ring, allocated by the first push (inv. 3).
+#[cfg(not(loom))]
+struct LazyRing {
+    ring: std::sync::OnceLock<Ring<Arc<dyn Task>>>,
+    size: usize,
+}
+
+#[cfg(not(loom))]
+impl LazyRing {
+    fn new(size: usize) -> Self {
+        LazyRing {
+            ring: std::sync::OnceLock::new(),
+            size,
+        }
+    }
+
+    /// The ring, made now if no push made it yet (a push racing this one
+    /// waits for the one making it: once per pool).
+    fn made(&self) -> &Ring<Arc<dyn Task>> {
+        self.ring.get_or_init(|| Ring::new(self.size))
+    }
+
+    fn get(&self) -> Option<&Ring<Arc<dyn Task>>> {
+        self.ring.get()
+    }
+}
+
+/// Under loom, made at once: the models are of the ring itself.
+#[cfg(loom)]
+struct LazyRing(Ring<Arc<dyn Task>>);
+
+#[cfg(loom)]
+impl LazyRing {
+    fn new(size: usize) -> Self {
+        LazyRing(Ring::new(size))
+    }
+
+    fn made(&self) -> &Ring<Arc<dyn Task>> {
+        &self.0
+    }
+
+    fn get(&self) -> Option<&Ring<Arc<dyn Task>>> {
+        Some(&self.0)
+    }
+}
 
 impl Intake {
     /// An intake for a queue bound of `queue_capacity` jobs.
     pub(crate) fn new(queue_capacity: usize) -> Self {
         Intake {
-            jobs: Ring::new(queue_capacity.clamp(1, SLOTS)),
+            jobs: LazyRing::new(queue_capacity.clamp(1, SLOTS)),
             workers: Padded(AtomicUsize::new(0)),
         }
+    }
+
+    /// Whether the ring was made (a job passed the intake).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn has_ring(&self) -> bool {
+        self.jobs.get().is_some()
     }
 
     /// Appends `task`, whose place was reserved, then fences (inv. 2); the
@@ -231,7 +291,7 @@ impl Intake {
     /// `task` back if the intake is full, or another submitter is putting
     /// its job in at the tail (inv. 3).
     pub(crate) fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
-        self.jobs.push(task).map_err(Refused::into_inner)?;
+        self.jobs.made().push(task).map_err(Refused::into_inner)?;
         fence(Ordering::SeqCst);
         Ok(())
     }
@@ -240,12 +300,12 @@ impl Intake {
     /// under the pool lock, exact for every push that has returned:
     /// ring.rs inv. 3).
     pub(crate) fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.jobs.get().is_none_or(Ring::is_empty)
     }
 
     /// Takes the oldest job appended (under the pool lock).
     pub(crate) fn pop(&self) -> Option<Arc<dyn Task>> {
-        self.jobs.pop()
+        self.jobs.get()?.pop()
     }
 
     /// Under the pool lock: publishes the workers' counts (inv. 2).

@@ -55,6 +55,28 @@ fn the_intake_opens_once_a_worker_lives_and_closes_at_shutdown() {
     assert_eq!(counted(&pool), 0);
 }
 
+/// The ring is made by the first job that passes the intake: a pool that
+/// never takes one (or whose jobs all take the lock) keeps none, and a
+/// job through the lock leaves it unmade.
+#[test]
+fn the_ring_is_made_by_the_first_job_through_the_intake() {
+    let pool = Offloader::builder()
+        .max_in_flight(1)
+        .build()
+        .expect("valid");
+    let intake = || pool.inner().intake.as_ref().expect("an intake");
+    assert!(!intake().has_ring(), "a pool built keeps no ring");
+    assert!(intake().is_empty() && intake().pop().is_none());
+    // The first job takes the lock (no worker yet): still no ring.
+    let first = pool.offload(|_stop| ()).spawn().expect("accepted");
+    assert!(first.blocking_wait().is_ok());
+    assert!(!closed(&pool), "a worker lives: the intake is open");
+    assert!(!intake().has_ring(), "a job through the lock makes none");
+    let second = pool.offload(|_stop| 2).spawn().expect("accepted");
+    assert_eq!(second.blocking_wait().ok(), Some(2));
+    assert!(intake().has_ring(), "the job through the intake made it");
+}
+
 #[test]
 fn a_job_waits_in_the_intake_until_the_next_lock() {
     let (pool, go, blocker) = held(true);

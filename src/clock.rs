@@ -84,12 +84,6 @@ impl Began {
 /// different readings back to back, which costs two clock reads and ends
 /// the check; two equal readings (a paused clock, or a coarse clock source)
 /// are confirmed over 2 µs of real time.
-/// The runtime here if its clock is paused.
-fn paused_runtime() -> Option<tokio::runtime::Handle> {
-    let rt = tokio::runtime::Handle::try_current().ok()?;
-    tokio_clock_paused().then_some(rt)
-}
-
 fn tokio_clock_paused() -> bool {
     let first = tokio::time::Instant::now();
     if tokio::time::Instant::now() != first {
@@ -100,6 +94,12 @@ fn tokio_clock_paused() -> bool {
         std::hint::spin_loop();
     }
     tokio::time::Instant::now() == first
+}
+
+/// The runtime here if its clock is paused.
+fn paused_runtime() -> Option<tokio::runtime::Handle> {
+    let rt = tokio::runtime::Handle::try_current().ok()?;
+    tokio_clock_paused().then_some(rt)
 }
 
 /// The paused-clock holds of one pool: while any caller waits on the

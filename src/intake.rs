@@ -44,10 +44,11 @@
 //!    trip through it costs; a pool that never takes a job keeps none):
 //!    passing it allocates and frees nothing but the job, so a worker
 //!    emptying it never frees memory under the pool lock, in the
-//!    allocator's arena the submitter allocates from. A submitter that finds the ring full, or
-//!    its tail place being filled by another submitter (ring.rs inv. 2),
-//!    gives its place back and goes through the lock, whose holder empties
-//!    the intake before it accepts that job: the order of acceptance holds.
+//!    allocator's arena the submitter allocates from. A submitter that
+//!    finds the ring full, or its tail place being filled by another
+//!    submitter (ring.rs inv. 2), gives its place back and goes through the
+//!    lock, whose holder empties the intake before it accepts that job: the
+//!    order of acceptance holds.
 
 use crate::job::Task;
 use crate::ring::{Refused, Ring};

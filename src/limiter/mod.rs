@@ -349,8 +349,6 @@ pub(crate) fn release_all(limiters: &[Limiter], wakes: &mut Vec<Wake>) {
     }
 }
 
-/// Sorts `limiters` by id and drops repeats (a job listing one limiter
-/// twice takes one permit of it).
 /// A job's limiters: one kept inline (a job needing one limiter allocates
 /// nothing for it), more in a vector.
 #[derive(Clone, Default)]
@@ -389,7 +387,8 @@ impl Limiters {
     }
 
     /// Sorts them by id and drops repeats: the order in which a pool
-    /// locks them, each once.
+    /// locks them, each once (a job listing one limiter twice takes one
+    /// permit of it).
     pub(crate) fn normalise(&mut self) {
         if let Limiters::Many(all) = self {
             all.sort_by_key(Limiter::id);

@@ -49,7 +49,8 @@ pub struct Metrics {
     pub cancelled: u64,
     /// Terminal: handed back unstarted by an immediate shutdown.
     pub unstarted: u64,
-    /// Awaiting callers whose timeout passed before the outcome.
+    /// Directly awaited offloads whose timeout passed before the outcome
+    /// (an owner handle's timeout is the holder's to act on: not counted).
     pub callers_timed_out: u64,
     /// Awaiting callers that dropped their future before the outcome.
     pub callers_dropped: u64,

@@ -189,8 +189,13 @@ where
     ///
     /// When it passes, the wait ends with [`Error::TimedOut`](crate::Error::TimedOut) and the job
     /// follows the abandon policy. The function sees the resulting instant
-    /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed handle
-    /// it bounds the handle's first await.
+    /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed or
+    /// [`submit`](Self::submit)ted handle it bounds the handle's awaits,
+    /// counted from the `spawn` or `submit`, until it has passed once (an
+    /// await begun after it passed times out at once; the handle's later
+    /// awaits wait without a limit); such a handle's timeout applies no
+    /// abandon policy and is not counted in
+    /// [`Metrics::callers_timed_out`](crate::Metrics::callers_timed_out).
     ///
     /// Needs a tokio runtime with the time driver when awaited.
     pub fn with_timeout(mut self, limit: Duration) -> Self {
@@ -289,11 +294,15 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn submit(self) -> Result<JobHandle<T>, SubmitError<F>> {
-        let began = Began::if_limited(self.opts.timeout);
-        self.submit_from(began).await
+        let limit = self.opts.timeout;
+        let began = Began::if_limited(limit);
+        let handle = self.submit_from(began).await?;
+        Ok(handle.with_wait_limit(began, limit))
     }
 
-    /// [`submit`](Self::submit), with the caller's wait counted from `began`.
+    /// [`submit`](Self::submit), with the caller's wait for room counted
+    /// from `began`; the handle has no wait limit of its own (a directly
+    /// awaited offload keeps its timer).
     pub(crate) async fn submit_from(self, began: Began) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
         let limit = self.opts.timeout;
@@ -319,7 +328,7 @@ where
             let mut freed = pin!(inner.room_freed.notified());
             freed.as_mut().enable();
             match this.try_accept(began) {
-                Ok(handle) => return Ok(handle.with_wait_limit(began, limit)),
+                Ok(handle) => return Ok(handle),
                 // The observer itself cannot wait for its own lag to drop.
                 Err((reason @ Rejected::ObserverBehind { .. }, back))
                     if inner.is_delivery_thread() =>

@@ -177,3 +177,41 @@ async fn an_awaited_job_with_a_timeout_is_one_allocation() {
     }
     assert_about(made as f64 / JOBS as f64, 1.0, "awaited job with a timeout");
 }
+
+/// The same when the await first waits for room in a full queue: a timeout
+/// costs no allocation there either (the handle the wait for room returned
+/// kept a boxed timer of its own, found by a hostile review).
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_for_room_a_timeout_costs_no_allocation() {
+    async fn polls_allocate(limit: Option<Duration>) -> u64 {
+        let pool = pool(1, 1);
+        let occupied = occupy(&pool, 1).await;
+        let queued = pool.offload(noop()).spawn().expect("room for one");
+        let call = pool.offload(noop());
+        let call = match limit {
+            Some(limit) => call.with_timeout(limit),
+            None => call,
+        };
+        let mut fut = std::pin::pin!(call.into_future());
+        let mut release = Some(occupied);
+        let mut made = 0;
+        std::future::poll_fn(|cx| {
+            let (poll, n) = allocations_of(|| fut.as_mut().poll(cx));
+            made += n;
+            if let Some(occupied) = release.take() {
+                assert!(poll.is_pending(), "the queue is full: it waits for room");
+                // Released outside the count; the blocker returns on its
+                // own thread.
+                drop(occupied.gate);
+            }
+            poll
+        })
+        .await
+        .unwrap();
+        within("the queued job", queued).await.unwrap();
+        made
+    }
+    let untimed = polls_allocate(None).await;
+    let timed = polls_allocate(Some(Duration::from_secs(3600))).await;
+    assert_eq!(timed, untimed, "allocations of the caller's polls");
+}

@@ -289,6 +289,8 @@ async fn awaiting_mut_handle_after_its_spawned_timeout() {
     assert!(!h.is_stop_requested());
     assert_eq!(h.state(), JobState::Running);
     assert_eq!(pool.metrics().cancelled, 0);
+    // Nor is it counted as a caller who timed out (Metrics docs).
+    assert_eq!(pool.metrics().callers_timed_out, 0);
 
     // Later awaits wait without the limit.
     g.open();

@@ -476,19 +476,48 @@ impl Inner {
             return false;
         }
         let mut after = After::default();
-        let (started, delivery_error) = {
+        let begun = {
             let mut s = self.lock();
-            let started = s.begin_shutdown(&mut after);
-            // Undelivered events keep the pool from terminating: if their
-            // thread failed to spawn, this is the last chance to try again.
-            (started, self.ensure_delivery(&mut s))
+            self.begin_shutdown(&mut s, &mut after)
         };
         self.after(after);
-        warn_delivery(delivery_error);
-        if started {
+        begun.report()
+    }
+
+    /// Under the pool lock: begins a shutdown (graceful unless the caller
+    /// goes on to drain the queue in the same critical section). Reported,
+    /// after unlocking, by [`ShutdownBegun::report`].
+    pub(crate) fn begin_shutdown(
+        self: &Arc<Self>,
+        s: &mut State,
+        after: &mut After,
+    ) -> ShutdownBegun {
+        let started = s.begin_shutdown(after);
+        // Undelivered events keep the pool from terminating: if their
+        // thread failed to spawn, this is the last chance to try again.
+        let delivery_error = self.ensure_delivery(s);
+        ShutdownBegun {
+            started,
+            delivery_error,
+        }
+    }
+}
+
+/// What [`Inner::begin_shutdown`] did, for logging after unlocking.
+pub(crate) struct ShutdownBegun {
+    started: bool,
+    delivery_error: Option<std::io::Error>,
+}
+
+impl ShutdownBegun {
+    /// Logs what happened (outside the lock); `true` if this call started
+    /// the shutdown.
+    pub(crate) fn report(self) -> bool {
+        warn_delivery(self.delivery_error);
+        if self.started {
             tracing::debug!("offloader shutting down: new jobs are refused, queued jobs still run");
         }
-        started
+        self.started
     }
 }
 

@@ -26,9 +26,11 @@
 //!    signalled after unlocking. Blocking waiters test the condition under
 //!    the lock before waiting on the condvar; async waiters register their
 //!    waker (wait_list.rs) before testing it. So no waiter misses the change.
-//! 3. `shutdown_now` moves every queued job to `Unstarted` in one critical
-//!    section with setting `shutdown`, so no job can be accepted, or start,
-//!    after the list it returns was taken.
+//! 3. `shutdown_now` sets `shutdown` and starts the drain (from then on
+//!    nothing starts: `State::start` takes no job while draining) in one
+//!    critical section, then moves every queued job to `Unstarted`, a chunk
+//!    per critical section: no job is accepted, or starts, after the call
+//!    began, and every job queued then is in the list it returns.
 
 use std::future::poll_fn;
 use std::task::Poll;
@@ -123,25 +125,34 @@ impl Offloader {
             // The global pool ignores shutdown requests.
             return Vec::new();
         }
-        inner.shutdown();
-        // Inv. 3: `shutdown` is set, so nothing joins the queue after this.
-        // The queue is drained a chunk at a time, each chunk's functions
-        // discarded while its jobs are still in cache: a queue of a million
-        // jobs is walked once, and the lock is let go between chunks.
+        // Inv. 3: the shutdown begins in the critical section that starts
+        // the drain, so nothing joins the queue or starts from it after
+        // this call began. The queue is drained a chunk at a time, each
+        // chunk's functions discarded while its jobs are still in cache: a
+        // queue of a million jobs is walked once, and the lock is let go
+        // between chunks.
         // ORDERING: a size hint for the report; the drain is under the lock.
         let mut unstarted = Vec::with_capacity(inner.queue_count.now());
         let mut chunk = Vec::with_capacity(DRAIN_CHUNK);
         let mut done = 0;
         // Group keys of the jobs published since the last lock.
         let mut grouped = Vec::new();
+        let mut begun = false;
         let running = loop {
             let mut after = After::default();
+            let mut first = None;
             let running = {
                 let mut s = inner.lock();
+                if !std::mem::replace(&mut begun, true) {
+                    first = Some(inner.begin_shutdown(&mut s, &mut after));
+                }
                 s.published_many(done, grouped.drain(..), &mut after);
                 s.drain_unstarted(&mut chunk, DRAIN_CHUNK, &mut after)
             };
             inner.after(after);
+            if let Some(first) = first {
+                first.report();
+            }
             done = chunk.len();
             let now = crate::id::now_ns();
             unstarted.extend(chunk.drain(..).map(|task| {

@@ -1595,3 +1595,84 @@ async fn blocking_await_termination_with_a_limit() {
         "the pool terminated within the limit"
     );
 }
+
+/// A waker that, when woken, opens a gate, then waits until the pool has
+/// counted one completed job (the gated one), a bounded wait on an event.
+/// `shutdown_now` wakes callers waiting for room after the critical section
+/// that set the shutdown: a worker that finishes its job meanwhile must not
+/// start the next one, which `shutdown_now` is about to return.
+struct OpenGateOnWake {
+    gate: Mutex<Option<Gate>>,
+    pool: Offloader,
+}
+
+impl std::task::Wake for OpenGateOnWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let Some(gate) = self.gate.lock().unwrap().take() else {
+            return;
+        };
+        gate.open();
+        eventually_blocking("the gated job is counted completed", || {
+            self.pool.metrics().completed >= 1
+        });
+    }
+}
+
+/// Found by a hostile review: `shutdown_now` set `shutdown` in one critical
+/// section and began draining in the next, and between them it woke the
+/// callers waiting for room. A worker finishing its job in that gap started
+/// the next queued job, which then ran instead of being returned.
+#[test]
+fn shutdown_now_returns_the_queued_job_though_a_worker_finishes_while_it_wakes_room_waiters() {
+    let pool = pool(1, 1);
+    let (gate, hold) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let first = pool
+        .offload(move |_stop| {
+            started_tx.send(()).ok();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv_blocking("the first job started", &mut started);
+    let queued = pool
+        .offload(|_stop| "ran")
+        .name("queued")
+        .spawn()
+        .expect("accepted: the queue's one place");
+    // A caller waiting for room, polled with the waker that opens the gate.
+    let mut waiting = Box::pin(pool.offload(|_stop| ()).submit());
+    let waker = std::task::Waker::from(Arc::new(OpenGateOnWake {
+        gate: Mutex::new(Some(gate)),
+        pool: pool.clone(),
+    }));
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(
+        std::future::Future::poll(waiting.as_mut(), &mut cx).is_pending(),
+        "waits for room"
+    );
+
+    let unstarted = pool.shutdown_now();
+
+    let names: Vec<_> = unstarted.iter().map(|j| j.name.as_deref()).collect();
+    assert_eq!(names, [Some("queued")], "the queued job is returned");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        first.await.expect("the first job ran");
+        let err = queued.await.expect_err("never started");
+        assert!(matches!(err, Error::Unstarted { .. }), "{err:?}");
+        let refused = waiting.await.expect_err("refused at shutdown");
+        assert!(
+            matches!(refused.reason(), Rejected::ShuttingDown),
+            "{refused:?}"
+        );
+    });
+    assert_ledger(&pool.metrics());
+}

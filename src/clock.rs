@@ -106,11 +106,13 @@ fn paused_runtime() -> Option<tokio::runtime::Handle> {
 /// pool's work under a paused tokio clock, one blocking task (at most one
 /// per pool, whatever the number of waiters) keeps tokio from
 /// auto-advancing the clock, as tokio does itself while a `spawn_blocking`
-/// task runs. Not while the pool's work has *stalled* (nothing runs, and
-/// every queued job waits for a limiter no running function holds: only
-/// something outside the pool, a timer perhaps, can free it): the clock
-/// then moves, and the first transition after the stall (a grant, a new
-/// job) holds it again.
+/// task runs. Not while the pool's work has *stalled*, when only
+/// something outside the pool can move it on: nothing runs and every
+/// queued job waits for a limiter no running function holds (a timer
+/// perhaps frees it), or the pool is idle and open (a wait for its
+/// termination lasts until a caller shuts it down). The clock then moves,
+/// and the first transition after the stall (a grant, a new job, the
+/// shutdown) holds it again.
 pub(crate) struct ClockHolds {
     // std's mutex in loom builds too: no proof rests on it.
     state: std::sync::Mutex<Holds>,

@@ -511,3 +511,45 @@ async fn a_permit_handed_between_pools_keeps_the_clock_held() {
     assert_eq!(out.map_err(|e| e.to_string()), Ok(7));
     drop(on_b);
 }
+
+/// An idle pool nobody shuts down waits for a caller, not for work of its
+/// own: a timed wait for its termination lets the paused clock move and
+/// times out in virtual time, for a pool that ran a job, one that never
+/// did, and the global pool (which never shuts down). Each hung for good
+/// when an idle pool held the clock (found by a hostile review). After a
+/// shutdown the same wait holds the clock until the threads are joined.
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_the_termination_of_an_open_idle_pool_lets_the_clock_move() {
+    let _serial = SERIAL.lock().await;
+    let used = Offloader::builder().max_in_flight(2).build().unwrap();
+    used.offload(work(1)).await.unwrap();
+    let never_used = Offloader::builder().build().unwrap();
+    for (what, pool) in [
+        ("a pool that ran a job", &used),
+        ("a pool that never ran one", &never_used),
+        ("the global pool", Offloader::global()),
+    ] {
+        let began = tokio::time::Instant::now();
+        let terminated = within_real(what, pool.await_termination(Duration::from_secs(1))).await;
+        assert!(!terminated, "{what}: open, not terminated");
+        assert!(
+            began.elapsed() >= Duration::from_secs(1),
+            "{what}: timed out in virtual time"
+        );
+        let waited = within_real(
+            what,
+            tokio::time::timeout(Duration::from_secs(1), pool.terminated()),
+        )
+        .await;
+        assert!(waited.is_err(), "{what}: terminated() is still pending");
+    }
+    used.shutdown();
+    assert!(
+        within_real(
+            "after shutdown",
+            used.await_termination(Duration::from_secs(5))
+        )
+        .await,
+        "shut down: terminated within 5 s of virtual time"
+    );
+}

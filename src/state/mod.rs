@@ -445,18 +445,20 @@ impl State {
     }
 
     /// Nothing of this pool runs or can start without something outside
-    /// it: jobs are queued, none runs, no lane is startable, no outcome or
-    /// event is pending, and every lane holding jobs is blocked on a
-    /// limiter no running function holds and none of whose permits is
-    /// granted (clock.rs lets a paused test clock move then).
+    /// it (clock.rs lets a paused test clock move then): no function runs,
+    /// no outcome or event is pending, and either the queue is empty and
+    /// no pool thread is on its way out (an open pool waits for a caller's
+    /// job or shutdown; a shut-down one has terminated), or no lane is
+    /// startable and every lane holding jobs is blocked on a limiter no
+    /// running function holds and none of whose permits is granted.
     pub(crate) fn stalled(&self) -> bool {
-        self.queued > 0
-            && !self.draining
-            && self.running.is_empty()
-            && !self.has_startable()
-            && self.unpublished == 0
-            && self.events.is_drained()
-            && self.blocked_limiters_idle()
+        if !self.running.is_empty() || self.unpublished > 0 || !self.events.is_drained() {
+            return false;
+        }
+        if self.queued == 0 {
+            return !self.shutdown || self.is_terminated();
+        }
+        !self.draining && !self.has_startable() && self.blocked_limiters_idle()
     }
 
     /// Every accepted job is terminal, its outcome published and every

@@ -23,6 +23,17 @@ impl Inner {
         crate::sync::is_pool_thread(self.addr(), crate::sync::Role::Delivery)
     }
 
+    /// Whether the current thread is one of this pool's workers.
+    pub(crate) fn is_worker_thread(&self) -> bool {
+        crate::sync::is_pool_thread(self.addr(), crate::sync::Role::Worker)
+    }
+
+    /// Whether the current thread is one of this pool's own (a worker or
+    /// the delivery thread).
+    pub(crate) fn is_own_thread(&self) -> bool {
+        self.is_delivery_thread() || self.is_worker_thread()
+    }
+
     /// Starts the delivery thread if an observer is configured and it does
     /// not run; returns the error if it could not be spawned (events then
     /// wait, and the next accepted job tries again).

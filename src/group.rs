@@ -187,9 +187,26 @@ impl JobGroup {
     ///
     /// Under a paused tokio clock, the wait holds the clock while the
     /// group's jobs run on real threads, as the pool's own waits do.
+    ///
+    /// # Panics
+    ///
+    /// If called from a job of this group or of a descendant: the wait
+    /// includes that job's end, so it could never return.
     pub async fn idle(&self) {
         let (inner, key) = (&self.shared.inner, self.shared.key);
-        let Some(list) = inner.lock().group_wait_list(key) else {
+        let own_job = crate::sync::current_job().filter(|_| inner.is_worker_thread());
+        let Some(list) = ({
+            let mut s = inner.lock();
+            if own_job.is_some_and(|job| s.job_in_group(job, key)) {
+                drop(s);
+                panic!(
+                    "offloader: JobGroup::idle() awaited from a job of that group; it waits \
+                     for this job to end and would never return. Wait from outside the \
+                     group's jobs."
+                );
+            }
+            s.group_wait_list(key)
+        }) else {
             return;
         };
         let mut waiter = list.registration();

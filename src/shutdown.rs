@@ -223,6 +223,12 @@ impl Offloader {
     /// nothing running (asyncio's `Queue.join`). Works at any time, not only
     /// during shutdown; returns at once if the pool is idle.
     ///
+    /// # Panics
+    ///
+    /// If called from a job of this pool (the wait includes that job's end,
+    /// so it could never return) or from this pool's observer (it includes
+    /// delivering the event being delivered).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -235,26 +241,37 @@ impl Offloader {
     /// # Ok(()) }
     /// ```
     pub async fn idle(&self) {
-        wait(self.inner(), State::is_idle).await;
+        wait(self.inner(), Awaited::Idle).await;
     }
 
     /// Waits until the pool has terminated: shut down, every accepted job
     /// terminal, every pool thread exited. Never returns if nothing shuts
     /// the pool down.
+    ///
+    /// # Panics
+    ///
+    /// If called on one of this pool's own threads (a job, or code a
+    /// worker runs between jobs, or the observer): termination waits for
+    /// that thread too, so it could never return. With a limit,
+    /// [`await_termination`](Self::await_termination) returns `false` there
+    /// instead.
     pub async fn terminated(&self) {
-        wait(self.inner(), State::is_terminated).await;
+        wait(self.inner(), Awaited::Termination).await;
     }
 
     /// Waits at most `limit` for termination; returns whether the pool
-    /// terminated.
+    /// terminated. On one of this pool's own threads (a job, code a worker
+    /// runs between jobs, the observer) it returns `false` at once:
+    /// termination waits for that thread too.
     ///
     /// # Panics
     ///
     /// Needs a tokio runtime with the time driver.
     pub async fn await_termination(&self, limit: Duration) -> bool {
-        if self.inner().is_delivery_thread() {
-            // From the pool's own observer: termination includes delivering
-            // the event being delivered now, so it cannot happen meanwhile.
+        if self.inner().is_own_thread() {
+            // From the pool's own observer or one of its workers:
+            // termination includes delivering the event being delivered
+            // now, or this thread's exit, so it cannot happen meanwhile.
             return false;
         }
         let began = Began::now();
@@ -269,9 +286,20 @@ impl Offloader {
     /// Blocks the current thread until the pool terminates or `limit`
     /// passes (`None`: no limit); returns whether it terminated. For
     /// synchronous callers; do not call it on an async runtime's thread.
+    /// With a limit, on one of this pool's own threads, it returns `false`
+    /// at once, as [`await_termination`](Self::await_termination) does.
+    ///
+    /// # Panics
+    ///
+    /// Without a limit, on one of this pool's own threads, as
+    /// [`terminated`](Self::terminated) does.
     pub fn blocking_await_termination(&self, limit: Option<Duration>) -> bool {
+        if limit.is_some() && self.inner().is_own_thread() {
+            // As `await_termination`: it cannot come while this waits.
+            return false;
+        }
         let until = limit.and_then(|l| Instant::now().checked_add(l));
-        blocking_wait(self.inner(), State::is_terminated, until)
+        blocking_wait(self.inner(), Awaited::Termination, until)
     }
 
     /// Closes the pool in stages, in one call: a graceful shutdown, waiting
@@ -352,8 +380,9 @@ impl Offloader {
 
 /// Waits until `settled` holds (inv. 2, async side). Retired threads that
 /// nobody joined yet are joined on the way, off the async thread.
-async fn wait(inner: &Arc<Inner>, settled: fn(&State) -> bool) {
-    refuse_on_delivery_thread(inner);
+async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
+    refuse_self_wait(inner, awaited);
+    let settled = awaited.settled();
     // Counted so that transitions signal it (state.rs `settle_check`).
     let _registered = Waiting::new(inner, Waiters::Settle);
     let mut waker = inner.progress.registration();
@@ -434,11 +463,30 @@ impl Drop for JoinOnDrop {
     }
 }
 
-/// Idleness and termination include delivering every event, the one the
-/// observer is handling too: waiting for either from the observer, without
-/// a limit, could never end. A clear panic (caught and logged by the
-/// delivery thread) instead of a silent deadlock.
-fn refuse_on_delivery_thread(inner: &Inner) {
+/// What a caller waits for.
+#[derive(Debug, Clone, Copy)]
+enum Awaited {
+    Idle,
+    Termination,
+}
+
+impl Awaited {
+    fn settled(self) -> fn(&State) -> bool {
+        match self {
+            Awaited::Idle => State::is_idle,
+            Awaited::Termination => State::is_terminated,
+        }
+    }
+}
+
+/// Some waits without a limit could never end on the pool's own threads: a
+/// clear panic (caught and logged by the delivery thread; the job's outcome
+/// on a worker) instead of a silent deadlock. Idleness and termination
+/// include delivering every event, the one the observer is handling too;
+/// termination, every worker thread's exit, this one's too; idleness, the
+/// end of every job, the one running on this worker too. A worker between
+/// jobs (running a waker or a result's drop) may wait for idleness.
+fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
     if inner.is_delivery_thread() {
         panic!(
             "offloader: idle() or termination awaited, without a limit, from the pool's own \
@@ -446,17 +494,29 @@ fn refuse_on_delivery_thread(inner: &Inner) {
              return. Use await_termination(limit), or wait from another task."
         );
     }
+    if !inner.is_worker_thread() {
+        return;
+    }
+    match awaited {
+        Awaited::Termination => panic!(
+            "offloader: termination awaited, without a limit, on one of the pool's own worker \
+             threads; it waits for this thread to exit and would never return. Use \
+             await_termination(limit), or wait from outside the pool."
+        ),
+        Awaited::Idle if crate::sync::current_job().is_some() => panic!(
+            "offloader: idle() awaited from a job of the same pool; it waits for this job to \
+             end and would never return. Wait from outside the pool's jobs."
+        ),
+        Awaited::Idle => {}
+    }
 }
 
-/// Blocks until `settled` holds or `until` passes (inv. 2, blocking side).
-pub(crate) fn blocking_wait(
-    inner: &Inner,
-    settled: fn(&State) -> bool,
-    until: Option<Instant>,
-) -> bool {
+/// Blocks until `awaited` holds or `until` passes (inv. 2, blocking side).
+fn blocking_wait(inner: &Inner, awaited: Awaited, until: Option<Instant>) -> bool {
     if until.is_none() {
-        refuse_on_delivery_thread(inner);
+        refuse_self_wait(inner, awaited);
     }
+    let settled = awaited.settled();
     let _registered = Waiting::new(inner, Waiters::Settle);
     let mut s = inner.lock();
     loop {

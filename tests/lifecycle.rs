@@ -1676,3 +1676,111 @@ fn shutdown_now_returns_the_queued_job_though_a_worker_finishes_while_it_wakes_r
     });
     assert_ledger(&pool.metrics());
 }
+
+/// Runs `fut` to completion on a fresh current-thread runtime: how a job
+/// function waits on async code.
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(fut)
+}
+
+/// The panic message of a job that must have panicked.
+fn panic_message(outcome: Result<(), Error>) -> String {
+    match outcome {
+        Err(Error::Panicked { message, .. }) => message,
+        other => panic!("the job should have panicked: {other:?}"),
+    }
+}
+
+/// Found by a hostile review: a job that waited, without a limit, for its
+/// own pool to be idle or terminated stayed running for good (the wait
+/// includes its own end, or its thread's exit), where the observer's
+/// thread got a clear panic. Now each is a panic naming the mistake, which
+/// the job reports; a limited wait for termination returns `false` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_that_include_the_calling_job_panic_instead_of_hanging() {
+    quiet_deliberate_panics();
+    let pool = pool(2, 16);
+    let weak = pool.downgrade();
+    let idle = pool
+        .offload(move |_stop| {
+            let p = weak.upgrade().expect("pool alive");
+            block_on(p.idle());
+        })
+        .spawn()
+        .expect("accepted");
+    let message = panic_message(within("idle()", idle).await);
+    assert!(message.contains("idle() awaited from a job"), "{message}");
+
+    let weak = pool.downgrade();
+    let terminated = pool
+        .offload(move |_stop| {
+            let p = weak.upgrade().expect("pool alive");
+            block_on(p.terminated());
+        })
+        .spawn()
+        .expect("accepted");
+    let message = panic_message(within("terminated()", terminated).await);
+    assert!(message.contains("termination awaited"), "{message}");
+
+    let weak = pool.downgrade();
+    let blocking = pool
+        .offload(move |_stop| {
+            let p = weak.upgrade().expect("pool alive");
+            p.blocking_await_termination(None);
+        })
+        .spawn()
+        .expect("accepted");
+    let message = panic_message(within("blocking_await_termination(None)", blocking).await);
+    assert!(message.contains("termination awaited"), "{message}");
+
+    let weak = pool.downgrade();
+    let limited = pool
+        .offload(move |_stop| {
+            let p = weak.upgrade().expect("pool alive");
+            let hour = Duration::from_secs(3600);
+            (
+                p.blocking_await_termination(Some(hour)),
+                block_on(p.await_termination(hour)),
+            )
+        })
+        .spawn()
+        .expect("accepted");
+    assert_eq!(
+        within("limited waits", limited).await.expect("returned"),
+        (false, false),
+        "a limited wait for termination returns false at once on the pool's own thread"
+    );
+
+    // A group's idleness, from a job of the group or of a child group; a
+    // job of another group may wait for it.
+    let group = pool.group();
+    let child = group.child();
+    let other = pool.group();
+    for (what, from) in [("the group", &group), ("a child group", &child)] {
+        let g = group.clone();
+        let job = from
+            .offload(move |_stop| block_on(g.idle()))
+            .spawn()
+            .expect("accepted");
+        let message = panic_message(within(what, job).await);
+        assert!(
+            message.contains("JobGroup::idle() awaited"),
+            "{what}: {message}"
+        );
+    }
+    let g = group.clone();
+    let outsider = other
+        .offload(move |_stop| block_on(g.idle()))
+        .spawn()
+        .expect("accepted");
+    within("another group", outsider)
+        .await
+        .expect("a job of another group waits for the group to be idle");
+    pool.shutdown();
+    assert!(pool.await_termination(HANG).await, "terminated");
+    assert_ledger(&pool.metrics());
+}

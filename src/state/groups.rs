@@ -248,6 +248,26 @@ impl State {
         self.groups.get(key).is_none_or(|g| g.pending == 0)
     }
 
+    /// Whether the job of slab key `job` (queued or running) belongs to
+    /// group `key` or one of its descendants.
+    pub(crate) fn job_in_group(&self, job: Key, key: Key) -> bool {
+        let Some(member) = self
+            .jobs
+            .get(job)
+            .and_then(|t| t.core().membership().map(|m| m.group))
+        else {
+            return false;
+        };
+        let mut next = Some(member);
+        while let Some(k) = next {
+            if k == key {
+                return true;
+            }
+            next = self.groups.get(k).and_then(|g| g.parent);
+        }
+        false
+    }
+
     /// A snapshot of group `key`'s counts (G1).
     pub(crate) fn group_metrics(&self, key: Key) -> GroupMetrics {
         self.groups

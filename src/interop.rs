@@ -6,7 +6,7 @@
 use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +23,8 @@ impl JobGroup {
     /// the group alive.
     ///
     /// The watch runs as a task on the current tokio runtime, or, called
-    /// outside one, on a small thread of its own.
+    /// outside one, on one thread the process shares for all such watches
+    /// (started by the first; the stop callbacks a watch fires run there).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -118,22 +119,40 @@ async fn watch_until(token: CancellationToken, gone: CancellationToken, act: imp
     }
 }
 
-/// Runs a watch as a task on the current runtime, or on a thread of its own
-/// outside one.
+/// Runs a watch as a task on the current runtime, or outside one on the
+/// process's watch runtime ([`watch_runtime`]).
 fn spawn_watch(watch: impl Future<Output = ()> + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(watch);
-        }
-        Err(_) => {
-            let spawned = std::thread::Builder::new()
-                .name("offloader-stop-on".into())
-                .spawn(move || block_on(watch));
-            if let Err(e) = spawned {
-                tracing::warn!(error = %e, "could not spawn the thread that watches a cancellation token; the jobs will not follow it");
+    let runtime = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime,
+        Err(_) => match watch_runtime() {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start the thread that watches cancellation tokens; the jobs will not follow them");
+                return;
             }
-        }
+        },
+    };
+    drop(runtime.spawn(watch));
+}
+
+/// The runtime that runs the watches made outside a tokio runtime: one
+/// thread for the whole process, however many jobs wait, started by the
+/// first such watch (tried again by the next one if it could not be).
+fn watch_runtime() -> std::io::Result<tokio::runtime::Handle> {
+    static WATCHES: std::sync::Mutex<Option<tokio::runtime::Handle>> = std::sync::Mutex::new(None);
+    let mut slot = WATCHES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(runtime) = slot.as_ref() {
+        return Ok(runtime.clone());
     }
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("offloader-stop-on".into())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
+    *slot = Some(handle.clone());
+    Ok(handle)
 }
 
 impl StopToken {
@@ -155,27 +174,5 @@ impl StopToken {
         // Stays registered until stop fires or the job is gone.
         self.on_stop(move || cancel.cancel()).detach();
         token
-    }
-}
-
-/// Wakes a thread parked in [`block_on`].
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs `fut` to completion on this thread.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
     }
 }

@@ -79,10 +79,11 @@ async fn the_watch_ends_with_the_group() {
     assert!(!token.is_cancelled());
 }
 
-/// Outside a runtime the watch runs on a thread of its own, which sleeps
-/// until the token is cancelled and is woken by it (the token is cancelled
-/// only once the thread is seen asleep: kills the mutant of the thread's
-/// waker that never unparked it, from mutation testing of interop.rs).
+/// Outside a runtime the watch runs on the process's watch thread, which
+/// sleeps until the token is cancelled and is woken by it (the token is
+/// cancelled only once the thread is seen asleep: kills the mutant of the
+/// thread's waker that never unparked it, from mutation testing of
+/// interop.rs).
 #[test]
 fn stop_on_works_outside_a_runtime() {
     const WATCH: &str = "offloader-stop-on";
@@ -268,4 +269,55 @@ async fn a_job_following_a_cancelled_token_is_cancelled_as_it_is_accepted() {
     }
     let m = pool.metrics();
     assert_eq!((m.cancelled, m.completed), (10, 10), "{m:?}");
+}
+
+/// Found by a hostile review: outside a runtime, every job offloaded with
+/// `stop_on` got a watch thread of its own until its function ran, so 300
+/// queued jobs made 300 threads (and a full default queue 4096). One thread
+/// now watches for the whole process, and each job still follows its
+/// token: the queued ones are cancelled, the running one is asked to stop.
+#[test]
+fn queued_jobs_following_tokens_outside_a_runtime_share_one_watch_thread() {
+    const WATCH: &str = "offloader-stop-on";
+    const JOBS: usize = 300;
+    let pool = pool(1, 1024);
+    let (started_tx, mut started) = signal::<()>();
+    let token = CancellationToken::new();
+    let running = pool
+        .offload(move |stop| {
+            started_tx.send(()).ok();
+            while !stop.is_stopped() {
+                std::thread::yield_now();
+            }
+            "stopped"
+        })
+        .stop_on(token.child_token())
+        .spawn()
+        .expect("accepted");
+    recv_blocking("the first job started", &mut started);
+    let queued: Vec<_> = (0..JOBS)
+        .map(|i| {
+            pool.offload(move |_stop| i)
+                .stop_on(token.child_token())
+                .spawn()
+                .expect("accepted")
+        })
+        .collect();
+    assert_eq!(threads_named(WATCH), 1, "one watch thread for every job");
+    token.cancel();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        assert_eq!(
+            within("the running job", running).await.ok(),
+            Some("stopped")
+        );
+        for job in queued {
+            let err = within("a queued job", job).await.expect_err("cancelled");
+            assert!(err.is_cancelled(), "{err:?}");
+        }
+    });
+    assert_ledger(&pool.metrics());
 }

@@ -416,38 +416,45 @@ async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
     }
 }
 
-/// Joins retired threads without blocking an async thread: on tokio's
-/// blocking pool when a runtime is there, else inline.
+/// Joins retired threads without blocking an async thread: on a
+/// short-lived thread of its own ([`join_elsewhere`]), else inline. Not on
+/// tokio's blocking pool: under a paused test clock this pool's clock hold
+/// may take its only thread (`max_blocking_threads(1)`) for as long as the
+/// wait lasts, and the join would queue behind it for good.
 async fn join_off_thread(inner: &Arc<Inner>, exited: Vec<crate::sync::thread::JoinHandle<()>>) {
     let pending = JoinOnDrop {
         inner: inner.clone(),
         handles: exited,
     };
-    #[cfg(not(loom))]
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        // If the runtime shuts down before running it, the closure (and
-        // the handles) is dropped: `JoinOnDrop` joins them there, so they
-        // are settled either way.
-        let _ = rt.spawn_blocking(move || drop(pending)).await;
-        return;
+    // If this wait is dropped, the thread still joins and settles them.
+    if let Some(joined) = join_elsewhere(pending) {
+        let _ = joined.await;
     }
-    drop(pending);
 }
 
-/// Joins `pending` on a short-lived helper thread; if none can be spawned,
-/// here.
-fn join_elsewhere(pending: JoinOnDrop) {
+/// Joins `pending` on a short-lived helper thread, whose end the returned
+/// receiver reports; if none can be spawned, here (and `None`).
+fn join_elsewhere(pending: JoinOnDrop) -> Option<tokio::sync::oneshot::Receiver<()>> {
     #[cfg(not(loom))]
     {
         let name = format!("{}-reaper", pending.inner.config.thread_name);
+        let (done, joined) = tokio::sync::oneshot::channel();
         // On failure the closure, and with it `pending`, is dropped here:
         // the join happens inline.
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(name)
-            .spawn(move || drop(pending));
+            .spawn(move || {
+                drop(pending);
+                let _ = done.send(());
+            })
+            .ok()
+            .map(|_| joined)
     }
     #[cfg(loom)]
-    drop(pending);
+    {
+        drop(pending);
+        None
+    }
 }
 
 /// Retired threads' handles that are joined (and settled in the pool's

@@ -170,8 +170,7 @@ thread_local! {
 /// A pool thread still exiting (a job's thread-local destructor) is pool
 /// work too: awaiting termination holds the clock until the thread has
 /// been joined, although nothing is queued or running any more (the join
-/// runs on tokio's blocking pool, which holds the clock as long as it
-/// runs).
+/// runs on a thread of its own meanwhile).
 #[tokio::test(start_paused = true)]
 async fn a_thread_still_exiting_holds_the_clock_for_await_termination() {
     let _serial = SERIAL.lock().await;
@@ -552,4 +551,30 @@ async fn a_wait_for_the_termination_of_an_open_idle_pool_lets_the_clock_move() {
         .await,
         "shut down: terminated within 5 s of virtual time"
     );
+}
+
+/// Found by a hostile review: under a paused clock on a runtime with one
+/// blocking thread, the clock hold of a wait for termination took that
+/// thread, and the join of the pool's retired threads, queued on tokio's
+/// blocking pool behind it, never ran: `close` hung for good. The join now
+/// runs on a thread of its own.
+#[test]
+fn close_terminates_under_a_paused_clock_with_one_blocking_thread() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let _serial = SERIAL.lock().await;
+        let pool = Offloader::builder().max_in_flight(2).build().unwrap();
+        pool.offload(work(1)).spawn().unwrap().detach();
+        let report = within_real(
+            "close",
+            pool.close(Duration::from_secs(10), Duration::from_secs(1)),
+        )
+        .await;
+        assert!(report.terminated, "{report:?}");
+    });
 }

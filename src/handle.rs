@@ -208,7 +208,15 @@ impl<T> JobHandle<T> {
     }
 
     /// Blocks at most `limit` for the outcome; on timeout returns
-    /// [`Error::TimedOut`] and the handle stays usable.
+    /// [`Error::TimedOut`] and the handle stays usable. Like
+    /// [`blocking_wait`](Self::blocking_wait): through `block_in_place` on a
+    /// multi-thread runtime's worker, and [`Error::WouldDeadlock`] from a
+    /// function of the same pool that could never see the job start.
+    ///
+    /// # Panics
+    ///
+    /// On a current-thread runtime's thread, as
+    /// [`blocking_wait`](Self::blocking_wait) does.
     pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
         let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
@@ -412,7 +420,8 @@ fn off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
                 Ok(Some(r)) => r,
                 Ok(None) => unreachable!("the wait ran once"),
                 Err(_) => panic!(
-                    "offloader: JobHandle::blocking_wait called on a current-thread tokio runtime's thread; \
+                    "offloader: JobHandle::blocking_wait (or blocking_wait_timeout) called on a \
+                     current-thread tokio runtime's thread; \
                      blocking it would stall every task of that runtime. Await the handle instead \
                      (or wait from spawn_blocking or a plain thread)."
                 ),

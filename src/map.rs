@@ -29,8 +29,9 @@ impl Offloader {
     /// in completion order ([`unordered`](Map::unordered)). Items are taken
     /// from the iterator only as room frees, so memory follows the limit,
     /// not the input. Like Python's `Executor.map`, bounded. Once the pool
-    /// shuts down or the group is stopped, the refusal is yielded and no
-    /// more items are taken: the stream ends after the jobs in flight.
+    /// shuts down or the group is stopped, no more items are taken: each
+    /// item already taken but not yet accepted (up to the limit) yields its
+    /// refusal, and the stream ends after the jobs in flight.
     ///
     /// The jobs run in a group of their own: dropping the stream stops
     /// those still in flight (queued ones are cancelled, running ones get

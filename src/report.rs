@@ -62,7 +62,10 @@ pub struct CloseReport {
     pub still_running: Vec<RunningJob>,
     /// Whether the immediate stage was needed.
     pub escalated: bool,
-    /// Whether the pool terminated within the budgets.
+    /// Whether the pool terminated within the budgets. `false` with
+    /// nothing in `still_running` means its threads were still exiting
+    /// (thread-local destructors) when the budgets ran out: a wait for
+    /// [`terminated`](crate::Offloader::terminated) then ends soon.
     pub terminated: bool,
     /// How long the close took.
     pub took: Duration,

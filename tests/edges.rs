@@ -566,6 +566,17 @@ async fn blocking_wait_on_a_current_thread_runtime_panics() {
     let _ = h.blocking_wait();
 }
 
+/// The same for `blocking_wait_timeout`, whose docs and panic message now
+/// say so (a hostile review found them naming `blocking_wait` only).
+#[tokio::test(flavor = "current_thread")]
+#[should_panic(expected = "blocking_wait_timeout) called on a current-thread tokio runtime")]
+async fn blocking_wait_timeout_on_a_current_thread_runtime_panics() {
+    support::quiet_deliberate_panics();
+    let pool = Offloader::builder().build().unwrap();
+    let mut h = pool.offload(|_| 1).spawn().unwrap();
+    let _ = h.blocking_wait_timeout(std::time::Duration::from_secs(1));
+}
+
 /// Item 16, the legitimate places: `spawn_blocking` of a current-thread
 /// runtime, and a multi-thread runtime's worker (through `block_in_place`,
 /// so the worker's other tasks keep running meanwhile).

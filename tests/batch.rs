@@ -591,3 +591,29 @@ async fn map_in_input_order_holds_at_most_limit_outcomes() {
     }
     assert!(next(s.as_mut()).await.is_none());
 }
+
+/// `map` on a pool that shut down takes the items of one window (its
+/// limit), yields each one's refusal, then takes no more and ends: what its
+/// docs say (a hostile review found them promising a single refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_on_a_shut_down_pool_refuses_one_window_of_items_then_ends() {
+    let pool = pool(2, 16);
+    pool.shutdown();
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counted = taken.clone();
+    let items = (0..1000).inspect(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
+    let mut s = pin!(pool.map(items, |i, _stop| Ok::<_, ()>(i)).limit(4));
+    let mut refusals = 0;
+    while let Some(outcome) = next(s.as_mut()).await {
+        match outcome {
+            Err(BatchError::Job(Error::Rejected(offloader::Rejected::ShuttingDown))) => {
+                refusals += 1
+            }
+            other => panic!("only refusals: {other:?}"),
+        }
+    }
+    assert_eq!(refusals, 4, "one refusal per item of the window");
+    assert_eq!(taken.load(Ordering::SeqCst), 4, "no item taken after them");
+}

@@ -282,14 +282,15 @@ fn queued_jobs_following_tokens_outside_a_runtime_share_one_watch_thread() {
     const JOBS: usize = 300;
     let pool = pool(1, 1024);
     let (started_tx, mut started) = signal::<()>();
+    let (gate, hold) = gate();
     let token = CancellationToken::new();
+    // Held on a gate until every queued job is cancelled: none can start
+    // before its watch sees the token.
     let running = pool
         .offload(move |stop| {
             started_tx.send(()).ok();
-            while !stop.is_stopped() {
-                std::thread::yield_now();
-            }
-            "stopped"
+            hold.wait();
+            stop.is_stopped()
         })
         .stop_on(token.child_token())
         .spawn()
@@ -305,6 +306,12 @@ fn queued_jobs_following_tokens_outside_a_runtime_share_one_watch_thread() {
         .collect();
     assert_eq!(threads_named(WATCH), 1, "one watch thread for every job");
     token.cancel();
+    eventually_blocking("every queued job cancelled", || {
+        queued
+            .iter()
+            .all(|j| j.state() == offloader::JobState::Cancelled)
+    });
+    gate.open();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -312,7 +319,8 @@ fn queued_jobs_following_tokens_outside_a_runtime_share_one_watch_thread() {
     rt.block_on(async {
         assert_eq!(
             within("the running job", running).await.ok(),
-            Some("stopped")
+            Some(true),
+            "the running job was asked to stop"
         );
         for job in queued {
             let err = within("a queued job", job).await.expect_err("cancelled");

@@ -47,6 +47,7 @@ mod lanes;
 mod control;
 
 mod handle;
+mod settle;
 mod shutdown;
 
 mod group;

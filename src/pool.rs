@@ -4,7 +4,8 @@
 //! [`After`] work outside the lock.
 //!
 //! `impl Offloader` is split by concern, for a reader to find it: jobs and
-//! metrics here, the shutdown sequence in `shutdown.rs`. The worker threads
+//! metrics here, the shutdown sequence in `shutdown.rs` (its waits in
+//! `settle.rs`). The worker threads
 //! and their wake-up protocol live in `worker.rs`. ARCHITECTURE.md
 //! (`docs/ARCHITECTURE.md`) states the invariants this module keeps.
 
@@ -467,62 +468,10 @@ impl Inner {
             Worker::Spawn(id) => self.spawn_worker(s, id),
         }
     }
-
-    /// A graceful shutdown; `true` if this call started it. The global
-    /// pool ignores it.
-    pub(crate) fn shutdown(self: &Arc<Self>) -> bool {
-        if self.config.global {
-            tracing::debug!("the global offloader ignores shutdown requests");
-            return false;
-        }
-        let mut after = After::default();
-        let begun = {
-            let mut s = self.lock();
-            self.begin_shutdown(&mut s, &mut after)
-        };
-        self.after(after);
-        begun.report()
-    }
-
-    /// Under the pool lock: begins a shutdown (graceful unless the caller
-    /// goes on to drain the queue in the same critical section). Reported,
-    /// after unlocking, by [`ShutdownBegun::report`].
-    pub(crate) fn begin_shutdown(
-        self: &Arc<Self>,
-        s: &mut State,
-        after: &mut After,
-    ) -> ShutdownBegun {
-        let started = s.begin_shutdown(after);
-        // Undelivered events keep the pool from terminating: if their
-        // thread failed to spawn, this is the last chance to try again.
-        let delivery_error = self.ensure_delivery(s);
-        ShutdownBegun {
-            started,
-            delivery_error,
-        }
-    }
-}
-
-/// What [`Inner::begin_shutdown`] did, for logging after unlocking.
-pub(crate) struct ShutdownBegun {
-    started: bool,
-    delivery_error: Option<std::io::Error>,
-}
-
-impl ShutdownBegun {
-    /// Logs what happened (outside the lock); `true` if this call started
-    /// the shutdown.
-    pub(crate) fn report(self) -> bool {
-        warn_delivery(self.delivery_error);
-        if self.started {
-            tracing::debug!("offloader shutting down: new jobs are refused, queued jobs still run");
-        }
-        self.started
-    }
 }
 
 /// Logs a failed spawn of the observer's delivery thread (outside the lock).
-fn warn_delivery(error: Option<std::io::Error>) {
+pub(crate) fn warn_delivery(error: Option<std::io::Error>) {
     if let Some(e) = error {
         tracing::warn!(error = %e, "could not spawn the observer's delivery thread; events wait for the next job or the shutdown");
     }

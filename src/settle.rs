@@ -1,0 +1,190 @@
+//! Waiting for idleness and termination (shutdown.rs inv. 1 and 2), async
+//! and blocking, with the retired threads joined off the waiting thread,
+//! and the waits refused that could never end on the pool's own threads.
+
+use std::future::poll_fn;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use crate::pool::Inner;
+use crate::state::{State, Waiters};
+use crate::sync::Arc;
+use crate::waits::Waiting;
+
+/// Waits until `settled` holds (inv. 2, async side). Retired threads that
+/// nobody joined yet are joined on the way, off the async thread.
+pub(crate) async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
+    refuse_self_wait(inner, awaited);
+    let settled = awaited.settled();
+    // Counted so that transitions signal it (state.rs `settle_check`).
+    let _registered = Waiting::new(inner, Waiters::Settle);
+    let mut waker = inner.progress.registration();
+    // Under a paused test clock, waiting for pool work holds the clock.
+    let mut hold = None;
+    loop {
+        let exited = poll_fn(|cx| {
+            // Registered before the test: a signal after it is not lost.
+            waker.set(cx.waker());
+            let mut s = inner.lock();
+            if settled(&s) {
+                return Poll::Ready(None);
+            }
+            if s.threads_retired() {
+                let exited = s.take_exited();
+                if !exited.is_empty() {
+                    return Poll::Ready(Some(exited));
+                }
+            }
+            drop(s);
+            if hold.is_none() {
+                hold = inner.clock_holds.hold();
+            }
+            Poll::Pending
+        })
+        .await;
+        match exited {
+            None => return,
+            Some(exited) => join_off_thread(inner, exited).await,
+        }
+    }
+}
+
+/// Joins retired threads without blocking an async thread: on a
+/// short-lived thread of its own ([`join_elsewhere`]), else inline. Not on
+/// tokio's blocking pool: under a paused test clock this pool's clock hold
+/// may take its only thread (`max_blocking_threads(1)`) for as long as the
+/// wait lasts, and the join would queue behind it for good.
+async fn join_off_thread(inner: &Arc<Inner>, exited: Vec<crate::sync::thread::JoinHandle<()>>) {
+    let pending = JoinOnDrop {
+        inner: inner.clone(),
+        handles: exited,
+    };
+    // If this wait is dropped, the thread still joins and settles them.
+    if let Some(joined) = join_elsewhere(pending) {
+        let _ = joined.await;
+    }
+}
+
+/// Joins `pending` on a short-lived helper thread, whose end the returned
+/// receiver reports; if none can be spawned, here (and `None`).
+pub(crate) fn join_elsewhere(pending: JoinOnDrop) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    #[cfg(not(loom))]
+    {
+        let name = format!("{}-reaper", pending.inner.config.thread_name);
+        let (done, joined) = tokio::sync::oneshot::channel();
+        // On failure the closure, and with it `pending`, is dropped here:
+        // the join happens inline.
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                drop(pending);
+                let _ = done.send(());
+            })
+            .ok()
+            .map(|_| joined)
+    }
+    #[cfg(loom)]
+    {
+        drop(pending);
+        None
+    }
+}
+
+/// Retired threads' handles that are joined (and settled in the pool's
+/// state) when this is dropped, wherever that happens.
+pub(crate) struct JoinOnDrop {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) handles: Vec<crate::sync::thread::JoinHandle<()>>,
+}
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        self.inner.join(std::mem::take(&mut self.handles));
+    }
+}
+
+/// What a caller waits for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Awaited {
+    Idle,
+    Termination,
+}
+
+impl Awaited {
+    fn settled(self) -> fn(&State) -> bool {
+        match self {
+            Awaited::Idle => State::is_idle,
+            Awaited::Termination => State::is_terminated,
+        }
+    }
+}
+
+/// Some waits without a limit could never end on the pool's own threads: a
+/// clear panic (caught and logged by the delivery thread; the job's outcome
+/// on a worker) instead of a silent deadlock. Idleness and termination
+/// include delivering every event, the one the observer is handling too;
+/// termination, every worker thread's exit, this one's too; idleness, the
+/// end of every job, the one running on this worker too. A worker between
+/// jobs (running a waker or a result's drop) may wait for idleness.
+fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
+    if inner.is_delivery_thread() {
+        panic!(
+            "offloader: idle() or termination awaited, without a limit, from the pool's own \
+             observer; it waits for the delivery of the event being delivered and would never \
+             return. Use await_termination(limit), or wait from another task."
+        );
+    }
+    if !inner.is_worker_thread() {
+        return;
+    }
+    match awaited {
+        Awaited::Termination => panic!(
+            "offloader: termination awaited, without a limit, on one of the pool's own worker \
+             threads; it waits for this thread to exit and would never return. Use \
+             await_termination(limit), or wait from outside the pool."
+        ),
+        Awaited::Idle if crate::sync::current_job().is_some() => panic!(
+            "offloader: idle() awaited from a job of the same pool; it waits for this job to \
+             end and would never return. Wait from outside the pool's jobs."
+        ),
+        Awaited::Idle => {}
+    }
+}
+
+/// Blocks until `awaited` holds or `until` passes (inv. 2, blocking side).
+pub(crate) fn blocking_wait(inner: &Inner, awaited: Awaited, until: Option<Instant>) -> bool {
+    if until.is_none() {
+        refuse_self_wait(inner, awaited);
+    }
+    let settled = awaited.settled();
+    let _registered = Waiting::new(inner, Waiters::Settle);
+    let mut s = inner.lock();
+    loop {
+        if settled(&s) {
+            return true;
+        }
+        if s.threads_retired() {
+            let exited = s.take_exited();
+            if !exited.is_empty() {
+                drop(s);
+                inner.join(exited);
+                s = inner.lock();
+                continue;
+            }
+        }
+        let wait = match until {
+            None => Duration::from_secs(3600),
+            Some(until) => {
+                let now = Instant::now();
+                if now >= until {
+                    return false;
+                }
+                until - now
+            }
+        };
+        s = match inner.changed.wait_timeout(s, wait) {
+            Ok((g, _)) => g,
+            Err(poisoned) => poisoned.into_inner().0,
+        };
+    }
+}

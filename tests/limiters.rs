@@ -1290,3 +1290,47 @@ async fn a_decrease_revokes_a_grant_not_yet_spent() {
     );
     assert_settled(&l);
 }
+
+/// Found by a hostile review: `set_permits(usize::MAX)` (a natural "no
+/// limit") with a pool waiting granted that pool one permit per loop turn,
+/// under the limiter's lock, and never returned (memory grew by the
+/// list of grants). A pool is now granted at most its `max_in_flight`
+/// permits at once: the call returns at once, and the jobs of both waiting
+/// pools run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_permits_to_usize_max_with_pools_waiting_returns_at_once() {
+    let limiter = Limiter::new(0);
+    let a = pool(2, 16);
+    let b = pool(3, 16);
+    let jobs: Vec<_> = (0..6)
+        .flat_map(|i| {
+            [
+                a.offload(move |_stop| i)
+                    .limiter(&limiter)
+                    .spawn()
+                    .expect("accepted"),
+                b.offload(move |_stop| i)
+                    .limiter(&limiter)
+                    .spawn()
+                    .expect("accepted"),
+            ]
+        })
+        .collect();
+    eventually("both pools wait for the limiter", || {
+        limiter.stats().pools_waiting == 2
+    })
+    .await;
+    let l = limiter.clone();
+    let set = std::thread::spawn(move || l.set_permits(usize::MAX));
+    within("set_permits(usize::MAX)", async {
+        while !set.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    for job in jobs {
+        within("a limited job", job).await.expect("ran");
+    }
+    assert_ledger(&a.metrics());
+    assert_ledger(&b.metrics());
+}

@@ -36,13 +36,18 @@ pub(super) struct LimState {
 pub(crate) struct PoolRef {
     pub(crate) weak: Weak<dyn Watcher>,
     pub(crate) declines: std::sync::Arc<AtomicBool>,
+    /// The most grants the pool is given at once: its `max_in_flight`, the
+    /// most limited jobs it can start before it runs one to its end (M3).
+    cap: usize,
 }
 
 impl PoolRef {
-    pub(crate) fn new(weak: Weak<dyn Watcher>) -> PoolRef {
+    /// A pool that can use at most `cap` grants at once.
+    pub(crate) fn new(weak: Weak<dyn Watcher>, cap: usize) -> PoolRef {
         PoolRef {
             weak,
             declines: std::sync::Arc::new(AtomicBool::new(false)),
+            cap: cap.max(1),
         }
     }
 
@@ -178,8 +183,10 @@ impl LimState {
     }
 
     /// M3: grants free permits to waiting pools that take grants, first
-    /// waiting first; each pool served goes to the back of the queue.
-    /// Adds one entry per grant to `granted`.
+    /// waiting first; each pool served goes to the back of the queue. A
+    /// pool holds at most its cap of grants: however many permits free up
+    /// at once (`set_permits(usize::MAX)`), the work is bounded by what the
+    /// waiting pools can use. Adds one entry per grant to `granted`.
     pub(super) fn dispense(&mut self, granted: &mut Vec<PoolRef>) {
         if self.waiting.is_empty() {
             return;
@@ -188,7 +195,11 @@ impl LimState {
         // Pools that are gone leave the queue.
         self.waiting.retain(|w| !w.is_gone());
         while self.free() > 0 {
-            let Some(i) = self.waiting.iter().position(PoolRef::takes_grants) else {
+            let Some(i) = self
+                .waiting
+                .iter()
+                .position(|w| w.takes_grants() && self.grants_of(w) < w.cap)
+            else {
                 break;
             };
             let Some(pool) = self.waiting.remove(i) else {
@@ -248,7 +259,7 @@ mod tests {
     use super::*;
 
     fn pool_ref(pool: &Arc<TestPool>) -> PoolRef {
-        PoolRef::new(TestPool::weak(pool))
+        PoolRef::new(TestPool::weak(pool), 64)
     }
 
     /// M3 after a decrease: grants beyond the free permits are revoked,

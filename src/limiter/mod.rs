@@ -40,8 +40,10 @@
 //!   than `permits - in_use` (a decrease of `permits` revokes the excess).
 //!   Whenever a permit comes back, the count grows, a grant is given back
 //!   or a pool stops declining, free permits are granted to waiting pools
-//!   that do not decline, in queue order, until none is free or none is
-//!   left. Each grant is spent by a start, or given back (by a pool with no
+//!   that do not decline, in queue order, until none is free or every
+//!   waiting pool holds its cap (its `max_in_flight`: what it can start at
+//!   once; so the work is bounded whatever the count of permits). Each
+//!   grant is spent by a start, or given back (by a pool with no
 //!   lane or no permit to use it, by its `Drop`, or reclaimed once the pool
 //!   is gone).
 

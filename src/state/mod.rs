@@ -357,7 +357,7 @@ impl State {
             idle_lanes: List::default(),
             lane_index: std::collections::HashMap::new(),
             limited: std::collections::HashMap::new(),
-            watcher: crate::limiter::PoolRef::new(watcher),
+            watcher: crate::limiter::PoolRef::new(watcher, max_in_flight),
             declines: false,
             readied: 0,
             key_limits,

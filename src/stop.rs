@@ -445,7 +445,9 @@ impl Drop for StopCallback {
         let me = thread::current().id();
         let mut guard = lock(&ext.callbacks);
         if let Some(i) = guard.pending.iter().position(|(k, _)| *k == key) {
-            let (_, callback) = guard.pending.swap_remove(i);
+            // `remove`, not `swap_remove`: the others keep their order
+            // (newest first when they run).
+            let (_, callback) = guard.pending.remove(i);
             drop(guard);
             // Dropped outside the lock: it is user code.
             drop(callback);

@@ -452,3 +452,23 @@ fn a_token_and_a_callback_guard_print_their_state() {
     );
     assert_eq!(format!("{guard:?}"), "StopCallback { registered: false }");
 }
+
+/// Found by a hostile review: dropping the guard of a callback in the middle
+/// moved the newest callback into its place, so the callbacks no longer ran
+/// newest first as documented.
+#[test]
+fn callbacks_run_newest_first_after_a_guard_in_the_middle_is_dropped() {
+    let stop = StopToken::new();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let push = |n: u32| {
+        let log = log.clone();
+        move || log.lock().unwrap().push(n)
+    };
+    let _a = stop.on_stop(push(1));
+    let b = stop.on_stop(push(2));
+    let _c = stop.on_stop(push(3));
+    let _d = stop.on_stop(push(4));
+    drop(b);
+    stop.request_stop();
+    assert_eq!(*log.lock().unwrap(), [4, 3, 1]);
+}

@@ -22,9 +22,10 @@ impl JobGroup {
     /// is cancelled or the group's last handle is dropped; it does not keep
     /// the group alive.
     ///
-    /// The watch runs as a task on the current tokio runtime, or, called
-    /// outside one, on one thread the process shares for all such watches
-    /// (started by the first; the stop callbacks a watch fires run there).
+    /// The watch runs as a task on one thread the process shares for all
+    /// such watches (started by the first; the stop callbacks a watch fires
+    /// run there), not on the caller's runtime: it goes on after that
+    /// runtime is dropped, and works outside one.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -119,25 +120,21 @@ async fn watch_until(token: CancellationToken, gone: CancellationToken, act: imp
     }
 }
 
-/// Runs a watch as a task on the current runtime, or outside one on the
-/// process's watch runtime ([`watch_runtime`]).
+/// Runs a watch as a task on the process's watch runtime
+/// ([`watch_runtime`]), not the caller's: a job outlives the runtime that
+/// offloaded it, and its watch must too.
 fn spawn_watch(watch: impl Future<Output = ()> + Send + 'static) {
-    let runtime = match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => runtime,
-        Err(_) => match watch_runtime() {
-            Ok(runtime) => runtime,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not start the thread that watches cancellation tokens; the jobs will not follow them");
-                return;
-            }
-        },
-    };
-    drop(runtime.spawn(watch));
+    match watch_runtime() {
+        Ok(runtime) => drop(runtime.spawn(watch)),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not start the thread that watches cancellation tokens; the jobs will not follow them");
+        }
+    }
 }
 
-/// The runtime that runs the watches made outside a tokio runtime: one
-/// thread for the whole process, however many jobs wait, started by the
-/// first such watch (tried again by the next one if it could not be).
+/// The runtime that runs every watch: one thread for the whole process,
+/// however many jobs wait, started by the first watch (tried again by the
+/// next one if it could not be).
 fn watch_runtime() -> std::io::Result<tokio::runtime::Handle> {
     static WATCHES: std::sync::Mutex<Option<tokio::runtime::Handle>> = std::sync::Mutex::new(None);
     let mut slot = WATCHES
@@ -174,5 +171,55 @@ impl StopToken {
         // Stays registered until stop fires or the job is gone.
         self.on_stop(move || cancel.cancel()).detach();
         token
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Tasks alive on the watch runtime.
+    fn watches() -> usize {
+        watch_runtime()
+            .expect("the watch runtime")
+            .metrics()
+            .num_alive_tasks()
+    }
+
+    /// Waits (yielding) until `cond` holds, failing after ten seconds.
+    fn eventually(what: &str, cond: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// A group's watch ends when the group's last handle goes (it does not
+    /// keep the group alive, and no task is left waiting on the token); a
+    /// job's, when its function has run. The only tests of this binary
+    /// that make watches: the count is theirs.
+    #[test]
+    fn watches_end_with_their_group_or_job() {
+        let pool = crate::Offloader::builder().build().expect("pool");
+        let token = CancellationToken::new();
+        let before = watches();
+        let group = pool.group();
+        group.stop_on(token.clone());
+        assert_eq!(watches(), before + 1, "the group's watch");
+        drop(group);
+        eventually("the group's watch ended", || watches() == before);
+
+        // A server-wide token followed by many jobs: no watch is left.
+        for i in 0..100 {
+            let job = pool
+                .offload(move |_stop| i)
+                .stop_on(token.clone())
+                .spawn()
+                .expect("accepted");
+            assert_eq!(job.blocking_wait().ok(), Some(i));
+        }
+        eventually("every job's watch ended", || watches() == before);
+        assert!(!token.is_cancelled());
     }
 }

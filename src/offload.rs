@@ -131,11 +131,12 @@ where
     /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
     /// async cancellation reaches this one blocking job. The watch ends when
     /// the job's function has run or been dropped, and holds nothing alive
-    /// but the pool meanwhile. The watch is a task, on the current tokio
-    /// runtime or, outside one, on one thread the process shares for all
-    /// such watches however many jobs wait (started by the first): a job
-    /// that starts after the token's cancellation but before the watch sees
-    /// it has its stop token set instead. The function is wrapped: a refused offload hands
+    /// but the pool meanwhile. The watch is a task on one thread the
+    /// process shares for all such watches however many jobs wait (started
+    /// by the first), not on the caller's runtime, so it goes on after that
+    /// runtime is dropped: a job that starts after the token's
+    /// cancellation but before the watch sees it has its stop token set
+    /// instead. The function is wrapped: a refused offload hands
     /// back the wrapper, which still runs it.
     ///
     /// ```

@@ -254,7 +254,12 @@ impl JobGroup {
     pub async fn close(&self, graceful: Duration, after_stop: Duration) -> CloseReport {
         let began = Began::now();
         let before = self.metrics();
-        self.shared.inner.lock().group_close(self.shared.key);
+        let mut after = crate::state::After::default();
+        self.shared
+            .inner
+            .lock()
+            .group_close(self.shared.key, &mut after);
+        self.shared.inner.after(after);
         let mut unstarted = Vec::new();
         let mut idle = self.idle_within(graceful).await;
         let escalated = !idle;

@@ -381,14 +381,15 @@ impl Inner {
         // Before admission: events waiting for a delivery thread that
         // failed to spawn would otherwise hold admission back for good.
         let delivery_error = self.ensure_delivery(&mut s);
-        if let Err(refused) = s.admit(task.core()) {
+        if let Err(refused) = s.admit(task.core(), cancelled) {
             drop(s);
             warn_delivery(delivery_error);
             return Err(refused);
         }
         // A job that must wait for its lane needs no worker: its lane's
-        // running jobs' workers come back to the queue (lanes.rs).
-        let worker = if s.lane_has_room(task.core()) {
+        // running jobs' workers come back to the queue (lanes.rs); nor does
+        // one cancelled as it is accepted.
+        let worker = if !cancelled && s.lane_has_room(task.core()) {
             s.find_worker()
         } else {
             crate::state::Worker::Busy

@@ -759,3 +759,69 @@ async fn room_freed_for_two_at_once_lets_two_waiting_callers_in() {
     within("w1's job", h1).await.unwrap();
     within("w2's job", h2).await.unwrap();
 }
+
+/// Found by a hostile review: a caller waiting for room with a job of a
+/// group went on waiting after the group was stopped or closed; it learned
+/// of the refusal only when room freed, which with a queue kept full is
+/// never. The stop and the close now wake every caller waiting for room, as
+/// a shutdown does: the group's are refused, the others wait on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_stopped_or_closed_refuses_its_callers_waiting_for_room() {
+    for close in [false, true] {
+        let pool = pool(1, 1);
+        let (gate, hold) = gate();
+        let (started_tx, mut started) = signal::<()>();
+        let running = pool
+            .offload(move |_stop| {
+                started_tx.send(()).ok();
+                hold.wait();
+            })
+            .spawn()
+            .expect("accepted");
+        recv("the first job started", &mut started).await;
+        let queued = pool
+            .offload(|_stop| ())
+            .spawn()
+            .expect("the queue's one place");
+        let group = pool.group();
+        // Each polled once (and so waiting for room) before the stop.
+        let mut waiting = Box::pin(std::future::IntoFuture::into_future(
+            group.offload(|_stop| 1),
+        ));
+        assert!(poll_once(waiting.as_mut()).await.is_pending());
+        let mut other = Box::pin(std::future::IntoFuture::into_future(
+            pool.offload(|_stop| 2),
+        ));
+        assert!(poll_once(other.as_mut()).await.is_pending());
+        let waiting = tokio::spawn(waiting);
+        let other = tokio::spawn(other);
+        if close {
+            // `close` stops the group once its graceful budget is spent:
+            // a zero budget with the group idle just closes it.
+            let report = group.close(Duration::ZERO, Duration::ZERO).await;
+            assert!(report.still_running.is_empty(), "{report:?}");
+        } else {
+            group.stop();
+        }
+        let refused = within("the group's caller", waiting)
+            .await
+            .expect("task")
+            .expect_err("refused");
+        assert!(
+            matches!(refused, offloader::Error::Rejected(Rejected::GroupStopped)),
+            "close {close}: {refused:?}"
+        );
+        assert!(
+            !other.is_finished(),
+            "the other caller still waits for room"
+        );
+        gate.open();
+        within("the first job", running).await.expect("ran");
+        within("the queued job", queued).await.expect("ran");
+        assert_eq!(
+            within("the other caller", other).await.expect("task").ok(),
+            Some(2)
+        );
+        assert_ledger(&pool.metrics());
+    }
+}

@@ -307,3 +307,45 @@ fn a_watch_outlives_the_runtime_that_offloaded_the_job() {
     within_blocking("the job saw its stop", move || job.blocking_wait())
         .expect("returned once stopped");
 }
+
+/// Found by a hostile review: a job following a token cancelled already
+/// waited for room in a full queue, though it is cancelled as it is
+/// accepted and never takes a place. It is accepted (and cancelled) at
+/// once now, however full the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_following_a_cancelled_token_is_not_held_back_by_a_full_queue() {
+    let pool = pool(1, 1);
+    let (gate, hold) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let running = pool
+        .offload(move |_stop| {
+            started_tx.send(()).ok();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv("the first job started", &mut started).await;
+    let queued = pool
+        .offload(|_stop| ())
+        .spawn()
+        .expect("the queue's one place");
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    let never = pool
+        .offload(|_stop| ())
+        .stop_on(cancelled.clone())
+        .spawn()
+        .expect("accepted although the queue is full");
+    assert!(within("never", never).await.unwrap_err().is_cancelled());
+    let awaited = within("awaited", pool.offload(|_stop| ()).stop_on(cancelled)).await;
+    assert!(
+        awaited.unwrap_err().is_cancelled(),
+        "not left waiting for room"
+    );
+    gate.open();
+    within("the first job", running).await.expect("ran");
+    within("the queued job", queued).await.expect("ran");
+    let m = pool.metrics();
+    assert_eq!((m.cancelled, m.rejected_full), (2, 0), "{m:?}");
+    assert_ledger(&m);
+}

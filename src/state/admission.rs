@@ -17,13 +17,13 @@ impl State {
     /// that a free permit will start at once are not waiting. The refusals
     /// for good come first: a caller told "full" waits for room, and must
     /// not wait for it through a stopped group.
-    pub(crate) fn admit(&mut self, core: &JobCore) -> Result<(), Rejected> {
+    pub(crate) fn admit(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Rejected> {
         if self.shutdown {
             self.counts.rejected_shutdown += 1;
             return Err(Rejected::ShuttingDown);
         }
         self.group_admits(core)?;
-        self.reserve(core)?;
+        self.reserve(core, cancelled)?;
         if self.observe && self.events.lag() >= self.observer_lag {
             self.unreserve();
             return Err(Rejected::ObserverBehind {
@@ -40,7 +40,11 @@ impl State {
     /// would refuse the job, the intake is closed (which moves them into
     /// the queue, where those a free permit would start are not waiting),
     /// the job judged on the exact queue, and the intake opened again.
-    fn reserve(&mut self, core: &JobCore) -> Result<(), Rejected> {
+    ///
+    /// A job `cancelled` as it is accepted (it follows a token cancelled
+    /// already) leaves the queue in the same critical section: it takes no
+    /// place for longer than that, and is never refused for want of one.
+    fn reserve(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Rejected> {
         let mut settled = false;
         let reserved = loop {
             let (counted, seen) = self.count.exact(self.left);
@@ -49,7 +53,8 @@ impl State {
             // waiting; jobs ahead of this one take free permits first.
             let free = self.free_permits();
             let starting = free.min(self.startable_queued);
-            if counted.saturating_sub(starting) >= self.queue_capacity
+            if !cancelled
+                && counted.saturating_sub(starting) >= self.queue_capacity
                 && !self.would_start_at_once(core, free.saturating_sub(ahead))
             {
                 if ahead > 0 && !settled {

@@ -21,7 +21,7 @@
 //!   queued or running: a job joins in *accept* and leaves in the transition
 //!   that makes it terminal.
 
-use super::{After, State};
+use super::{After, Room, State};
 use crate::error::Rejected;
 use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
 use crate::job::Task;
@@ -179,11 +179,21 @@ impl State {
     }
 
     /// Marks group `key` and its descendants closed: new jobs are refused.
-    pub(crate) fn group_close(&mut self, key: Key) {
+    pub(crate) fn group_close(&mut self, key: Key, after: &mut After) {
         for k in self.subtree(key) {
             if let Some(g) = self.groups.get_mut(k) {
                 g.closed = true;
             }
+        }
+        self.group_refuses_from_now(after);
+    }
+
+    /// A group stopped or closed: callers waiting for room with a job of it
+    /// learn that it is refused now, not when room frees (which may be
+    /// never), as at a shutdown. The others look again and wait on.
+    fn group_refuses_from_now(&self, after: &mut After) {
+        if self.room_waiters > 0 {
+            after.room = Room::All;
         }
     }
 
@@ -210,6 +220,7 @@ impl State {
             return None;
         }
         let mut jobs = Vec::new();
+        self.group_refuses_from_now(after);
         for k in self.subtree(key) {
             let Some(g) = self.groups.get_mut(k) else {
                 continue;

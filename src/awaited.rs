@@ -91,6 +91,52 @@ pin_project_lite::pin_project! {
 }
 
 impl<F, T> OffloadFuture<F, T> {
+    /// For a batch whose caller left (its timeout passed after `waited`, or
+    /// it was dropped): applies this job's abandon policy now, as the
+    /// future's own timeout or drop would, and leaves the future done (its
+    /// drop does nothing more). Returns the outcome a timeout gives (`None`
+    /// for a drop). With `queued_only`, does nothing (`None`) unless the job
+    /// is still queued: a batch lets go of its queued jobs before its
+    /// running ones, so that no permit a stopped job gives back starts a
+    /// job of the batch about to be cancelled.
+    pub(crate) fn leave(
+        self: Pin<&mut Self>,
+        why: Departure,
+        waited: Duration,
+        queued_only: bool,
+    ) -> Option<Result<T, Error>> {
+        let this = self.project();
+        let out = match this.stage {
+            Stage::Wait(handle) => {
+                if queued_only && handle.state() != crate::JobState::Queued {
+                    return None;
+                }
+                *this.hold = None;
+                match why {
+                    Departure::TimedOut => Some(handle.timed_out(waited, Some(*this.policy))),
+                    Departure::Dropped => {
+                        handle.abandon(*this.policy, Departure::Dropped);
+                        None
+                    }
+                }
+            }
+            // Not accepted yet: giving up the wait for room gives up the
+            // function.
+            Stage::Admit { .. } if !queued_only => match why {
+                Departure::TimedOut => {
+                    let inner = this.pool.inner();
+                    let reason = inner.gave_up_waiting(waited);
+                    inner.count_refusal(&reason);
+                    Some(Err(Error::Rejected(reason)))
+                }
+                Departure::Dropped => None,
+            },
+            Stage::Admit { .. } | Stage::Done => return None,
+        };
+        *this.stage = Stage::Done;
+        out
+    }
+
     /// The id of the job, once it has been accepted.
     pub fn job_id(&self) -> Option<crate::JobId> {
         match &self.stage {

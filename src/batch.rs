@@ -6,12 +6,15 @@
 use std::fmt;
 use std::future::{poll_fn, Future, IntoFuture};
 use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
+use crate::awaited::OffloadFuture;
+use crate::clock::Began;
 use crate::error::Error;
 use crate::group::JobGroup;
 use crate::offload::Offload;
-use crate::policy::{AbandonPolicy, GroupDropPolicy};
+use crate::policy::{AbandonPolicy, Departure, GroupDropPolicy};
 use crate::pool::Offloader;
 use crate::ready::ReadySet;
 use crate::stop::StopToken;
@@ -334,6 +337,9 @@ impl<F> InvokeAll<F> {
     }
 
     /// The abandon policy of every job of the batch (default: the pool's).
+    /// When the batch times out or is dropped, it applies the policy to its
+    /// queued jobs first, then to its running ones: a running job stopped
+    /// first could give its permit to a queued job about to be cancelled.
     pub fn on_abandon(mut self, policy: AbandonPolicy) -> Self {
         self.policy = Some(policy);
         self
@@ -358,24 +364,62 @@ where
         } = self;
         // Built at the first poll: the timeout runs from there.
         Box::pin(async move {
-            let mut set = ReadySet::new();
+            let began = Began::now();
+            let mut batch = Leaving(ReadySet::new());
             let mut outcomes = Vec::with_capacity(fs.len());
             for (i, f) in fs.into_iter().enumerate() {
                 let mut offload = lanes.apply(target.offload(f).without_spin());
-                if let Some(limit) = timeout {
-                    offload = offload.with_timeout(limit);
-                }
                 if let Some(policy) = policy {
                     offload = offload.on_abandon(policy);
                 }
-                set.push(offload.into_future(), i);
+                batch.0.push(offload.into_future(), i);
                 outcomes.push(None);
             }
-            while let Some((i, outcome)) = poll_fn(|cx| set.poll_next(cx)).await {
-                outcomes[i] = Some(outcome);
+            // The batch's own timer, not one per job: when it fires, every
+            // job left follows its policy, the queued ones first.
+            let mut timer = timeout
+                .map(|limit| Box::pin(tokio::time::sleep_until(began.timer_deadline(limit))));
+            let timed_out = loop {
+                let next = poll_fn(|cx| match batch.0.poll_next(cx) {
+                    Poll::Ready(next) => Poll::Ready(Some(next)),
+                    Poll::Pending => match timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+                        Some(Poll::Ready(())) => Poll::Ready(None),
+                        _ => Poll::Pending,
+                    },
+                })
+                .await;
+                match next {
+                    Some(Some((i, outcome))) => outcomes[i] = Some(outcome),
+                    Some(None) => break false,
+                    None => break true,
+                }
+            };
+            if timed_out {
+                let waited = began.waited();
+                for queued_only in [true, false] {
+                    batch.0.for_each_live(|i, fut| {
+                        if let Some(out) = fut.leave(Departure::TimedOut, waited, queued_only) {
+                            outcomes[i] = Some(out);
+                        }
+                    });
+                }
             }
             outcomes.into_iter().flatten().collect()
         })
+    }
+}
+
+/// The jobs of an `invoke_all` in flight. If the batch is dropped before
+/// they finish, the queued ones are let go first (their policy applied),
+/// then the others, as their futures drop: a running job stopped first
+/// would give its permit to a queued one about to be cancelled.
+struct Leaving<F, T>(ReadySet<OffloadFuture<F, T>>);
+
+impl<F, T> Drop for Leaving<F, T> {
+    fn drop(&mut self) {
+        self.0.for_each_live(|_, fut| {
+            fut.leave(Departure::Dropped, Duration::ZERO, true);
+        });
     }
 }
 

@@ -120,6 +120,15 @@ impl<F> ReadySet<F> {
         self.live
     }
 
+    /// Calls `f` on every unfinished future, with its tag, in the order of
+    /// their places (the order they were pushed in, for a set that has not
+    /// reused one).
+    pub(crate) fn for_each_live(&mut self, mut f: impl FnMut(usize, Pin<&mut F>)) {
+        for e in self.entries.iter_mut().flatten() {
+            f(e.tag, e.fut.as_mut());
+        }
+    }
+
     /// Drops every unfinished future, and the wake-ups queued for them.
     pub(crate) fn clear(&mut self) {
         self.entries.clear();

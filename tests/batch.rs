@@ -617,3 +617,84 @@ async fn map_on_a_shut_down_pool_refuses_one_window_of_items_then_ends() {
     assert_eq!(refusals, 4, "one refusal per item of the window");
     assert_eq!(taken.load(Ordering::SeqCst), 4, "no item taken after them");
 }
+
+/// `invoke_all` jobs for the abandon tests: job 0 (the running one) waits
+/// for its stop; its stop callback, which runs on the abandoning thread,
+/// waits (up to `SHORT`) for another job of the batch to start, which is
+/// what a stopped job's permit allowed when the batch let go of its jobs in
+/// order. `started` counts the functions that ran.
+fn chain_probe(n: usize, started: &Arc<AtomicUsize>) -> Vec<Call<()>> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = Arc::new(std::sync::Mutex::new(rx));
+    (0..n)
+        .map(|i| {
+            let (started, tx, rx) = (started.clone(), tx.clone(), rx.clone());
+            Box::new(move |stop: &StopToken| {
+                started.fetch_add(1, Ordering::SeqCst);
+                if i > 0 {
+                    tx.send(()).ok();
+                    return;
+                }
+                let guard = stop.on_stop(move || {
+                    let _ = rx.lock().unwrap().recv_timeout(SHORT);
+                });
+                while !stop.is_stopped() {
+                    std::thread::yield_now();
+                }
+                // Not dropped: the drop would wait for the callback running
+                // on the abandoning thread (StopToken::on_stop).
+                std::mem::forget(guard);
+            }) as Call<()>
+        })
+        .collect()
+}
+
+/// Found by a hostile review: a dropped or timed-out `invoke_all` with
+/// `CancelAndStop` let go of its jobs one at a time, in order, so the
+/// running job's stop gave its permit to the next job, still queued and not
+/// yet let go of, which then ran (and was only asked to stop): every job
+/// of the batch ran. The queued jobs are let go of first now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_invoke_all_cancels_its_queued_jobs_before_stopping_the_running_one() {
+    const N: usize = 10;
+    for timeout in [false, true] {
+        let pool = pool(1, 64);
+        let started = Arc::new(AtomicUsize::new(0));
+        let batch = pool
+            .invoke_all(chain_probe(N, &started))
+            .on_abandon(AbandonPolicy::CancelAndStop);
+        if timeout {
+            let outcomes = within(
+                "the batch",
+                batch.with_timeout(std::time::Duration::from_millis(50)),
+            )
+            .await;
+            let fates: Vec<_> = outcomes
+                .iter()
+                .map(|o| match o {
+                    Err(Error::TimedOut { fate, .. }) => *fate,
+                    other => panic!("timed out: {other:?}"),
+                })
+                .collect();
+            assert_eq!(fates[0], Fate::StopRequested);
+            assert!(
+                fates[1..].iter().all(|f| *f == Fate::CancelledBeforeStart),
+                "{fates:?}"
+            );
+        } else {
+            let mut batch = Box::pin(std::future::IntoFuture::into_future(batch));
+            assert!(support::poll_once(batch.as_mut()).await.is_pending());
+            eventually("the first job runs", || started.load(Ordering::SeqCst) == 1).await;
+            drop(batch);
+        }
+        within("idle", pool.idle()).await;
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "timeout {timeout}: only the first ran"
+        );
+        let m = pool.metrics();
+        assert_eq!(m.cancelled, (N - 1) as u64, "{m:?}");
+        assert_ledger(&m);
+    }
+}

@@ -207,11 +207,12 @@ pub enum Rejected {
         capacity: usize,
     },
     /// The caller's timeout passed while waiting for room in a full queue.
-    #[error("the queue stayed full ({capacity} jobs waiting) for the caller's whole timeout of {}", Pretty(*.waited))]
+    #[error("the queue stayed full ({capacity} jobs waiting) until the caller's timeout passed, after waiting {}", Pretty(*.waited))]
     FullUntilTimeout {
         /// The queue's capacity.
         capacity: usize,
-        /// How long the caller waited for room.
+        /// How long the caller waited for room: its timeout, and the
+        /// scheduling delay of its wake-up after it passed.
         waited: Duration,
     },
     /// The offloader is shutting down and accepts no new work.

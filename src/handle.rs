@@ -24,7 +24,10 @@ use crate::sync::Arc;
 ///
 /// Dropping the handle *detaches* the job, as with tokio's `JoinHandle`: the
 /// offloader still owns it, it runs to completion, its outcome is recorded
-/// in the metrics and then dropped.
+/// in the metrics and then dropped — by the worker that ran it, if the
+/// handle went before the outcome was published. That drop runs on the
+/// worker between jobs: a value whose `Drop` blocks holds that worker (and
+/// with it the next job it would start) for as long.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

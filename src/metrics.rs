@@ -56,7 +56,12 @@ pub struct Metrics {
     pub callers_dropped: u64,
     /// Of those, jobs that were running when their caller left.
     pub running_after_caller_left: u64,
-    /// Stop requests that took effect (first request per job).
+    /// Stop requests that took effect (first request per job) made
+    /// through the pool: a handle's `stop` or `cancel`, a group's stop, an
+    /// abandon policy, `stop_on`, `shutdown_now`. A function that calls
+    /// [`StopToken::request_stop`](crate::StopToken::request_stop) on its
+    /// own token (or a clone of it) sets its flag without the pool, and is
+    /// not counted here.
     pub stop_requests: u64,
     /// The most functions ever running at the same instant.
     pub max_running: u64,

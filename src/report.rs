@@ -88,11 +88,13 @@ impl fmt::Display for CloseReport {
             self.still_running.len()
         )?;
         for job in &self.still_running {
+            write!(f, "\n  still running: job {}", job.id)?;
+            if let Some(name) = &job.name {
+                write!(f, " {name:?}")?;
+            }
             write!(
                 f,
-                "\n  still running: job {} {:?} for {}, stop requested: {}",
-                job.id,
-                job.name.as_deref().unwrap_or(""),
+                " for {}, stop requested: {}",
                 Pretty(job.running_for),
                 job.stop_requested
             )?;
@@ -126,5 +128,41 @@ impl UnstartedJob {
             key: core.lane_key().cloned(),
             queued_for: core.clock_at(now),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A still-running job is shown with its name if it has one, and
+    /// without an empty `""` if not (a hostile review found the latter).
+    #[test]
+    fn a_close_report_names_only_named_jobs() {
+        let job = |id, name: Option<&str>| RunningJob {
+            id: JobId(id),
+            name: name.map(Into::into),
+            key: None,
+            running_for: Duration::from_secs(2),
+            stop_requested: true,
+            caller_waiting: false,
+            caller_left: false,
+        };
+        let report = CloseReport {
+            completed: 1,
+            panicked: 0,
+            unstarted: Vec::new(),
+            still_running: vec![job(7, None), job(8, Some("fetch"))],
+            escalated: true,
+            terminated: false,
+            took: Duration::from_secs(3),
+        };
+        let text = report.to_string();
+        assert!(text.contains("still running: job #7 for "), "{text}");
+        assert!(
+            text.contains("still running: job #8 \"fetch\" for "),
+            "{text}"
+        );
+        assert!(!text.contains("\"\""), "{text}");
     }
 }

@@ -193,8 +193,10 @@ where
     /// When it passes, the wait ends with [`Error::TimedOut`](crate::Error::TimedOut) and the job
     /// follows the abandon policy. The function sees the resulting instant
     /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed or
-    /// [`submit`](Self::submit)ted handle it bounds the handle's awaits,
-    /// counted from the `spawn` or `submit`, until it has passed once (an
+    /// [`submit`](Self::submit)ted handle it bounds the handle's awaits
+    /// (`.await`, not [`wait_timeout`](crate::JobHandle::wait_timeout) or
+    /// the blocking waits, which take their own limits), counted from the
+    /// `spawn` or `submit`, until it has passed once (an
     /// await begun after it passed times out at once; the handle's later
     /// awaits wait without a limit); such a handle's timeout applies no
     /// abandon policy and is not counted in

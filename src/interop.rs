@@ -156,7 +156,10 @@ impl StopToken {
     /// A [`CancellationToken`] that is cancelled when stop is requested on
     /// this token (at once if it already was), for async code that watches
     /// a job's stop request, or that hands it to a tokio-util API. Each
-    /// call gives a new token; it holds nothing of the job's alive.
+    /// call gives a new token (a child of one the stop cancels, so that
+    /// however many are asked for, one stop callback is registered, and a
+    /// dropped token leaves nothing behind); it holds nothing of the job's
+    /// alive.
     ///
     /// ```
     /// let stop = offloader::StopToken::new();
@@ -166,11 +169,21 @@ impl StopToken {
     /// assert!(token.is_cancelled());
     /// ```
     pub fn cancellation_token(&self) -> CancellationToken {
-        let token = CancellationToken::new();
-        let cancel = token.clone();
-        // Stays registered until stop fires or the job is gone.
-        self.on_stop(move || cancel.cancel()).detach();
-        token
+        let watch = || {
+            let token = CancellationToken::new();
+            let cancel = token.clone();
+            // Stays registered until stop fires or the job is gone.
+            self.on_stop(move || cancel.cancel()).detach();
+            token
+        };
+        // One callback per stop source, however many tokens are asked for:
+        // each is a child of the one it cancels, and leaves the tree when
+        // dropped.
+        match self.ext() {
+            Some(ext) => ext.token.get_or_init(watch).child_token(),
+            // No stop state kept (a finished job's): a token of its own.
+            None => watch(),
+        }
     }
 }
 
@@ -193,6 +206,28 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never: {what}");
             std::thread::yield_now();
         }
+    }
+
+    /// Found by a hostile review: each `cancellation_token` registered a
+    /// stop callback that stayed until stop, so a long-lived token asked
+    /// for one in a loop grew without bound (and every later registration
+    /// searched a longer list). One callback serves them all now, and each
+    /// token asked for, before or after, is cancelled with the stop.
+    #[test]
+    fn cancellation_tokens_share_one_stop_callback() {
+        let stop = StopToken::new();
+        let kept = stop.cancellation_token();
+        for _ in 0..1000 {
+            drop(stop.cancellation_token());
+        }
+        assert_eq!(stop.pending_callbacks(), 1);
+        assert!(!kept.is_cancelled());
+        stop.request_stop();
+        assert!(kept.is_cancelled());
+        assert!(
+            stop.cancellation_token().is_cancelled(),
+            "asked for after the stop"
+        );
     }
 
     /// A group's watch ends when the group's last handle goes (it does not

@@ -42,6 +42,11 @@ pub(crate) trait StopSource: Send + Sync {
 pub(crate) struct StopExt {
     callbacks: Mutex<Callbacks>,
     changed: Condvar,
+    /// Cancelled by one stop callback; each
+    /// `StopToken::cancellation_token` is a child of it (interop.rs), so
+    /// however many are asked for, one callback is registered.
+    #[cfg(feature = "tokio-util")]
+    pub(crate) token: std::sync::OnceLock<tokio_util::sync::CancellationToken>,
 }
 
 type Callback = Box<dyn FnOnce() + Send + 'static>;
@@ -62,6 +67,8 @@ impl StopExt {
                 running: None,
             }),
             changed: Condvar::new(),
+            #[cfg(feature = "tokio-util")]
+            token: std::sync::OnceLock::new(),
         }
     }
 }
@@ -222,6 +229,21 @@ impl StopToken {
 
     pub(crate) fn from_source(src: std::sync::Arc<dyn StopSource>) -> Self {
         StopToken { src }
+    }
+
+    /// How many callbacks wait for a stop request.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn pending_callbacks(&self) -> usize {
+        self.src
+            .ext(false)
+            .map_or(0, |ext| lock(&ext.callbacks).pending.len())
+    }
+
+    /// The callbacks and sleepers of this token's source, made now if need
+    /// be (`None` if the source keeps none: a finished job's).
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn ext(&self) -> Option<Arc<StopExt>> {
+        self.src.ext(true)
     }
 
     /// Returns `true` once stop has been requested. One atomic load.

@@ -232,7 +232,7 @@ impl StopToken {
     }
 
     /// How many callbacks wait for a stop request.
-    #[cfg(all(test, not(loom)))]
+    #[cfg(all(test, not(loom), feature = "tokio-util"))]
     pub(crate) fn pending_callbacks(&self) -> usize {
         self.src
             .ext(false)

@@ -90,7 +90,11 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F, T> OffloadFuture<F, T> {
+impl<F, T> OffloadFuture<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
     /// For a batch whose caller left (its timeout passed after `waited`, or
     /// it was dropped): applies this job's abandon policy now, as the
     /// future's own timeout or drop would, and leaves the future done (its
@@ -106,6 +110,31 @@ impl<F, T> OffloadFuture<F, T> {
         queued_only: bool,
     ) -> Option<Result<T, Error>> {
         let this = self.project();
+        // A job the batch had not offered yet when its time ran out (it
+        // offers a few at each poll) gets the one try its first poll would
+        // have made: not refused for a full queue it never met. A dropped
+        // batch offers nothing more.
+        if let (
+            Departure::TimedOut,
+            Stage::Admit {
+                offload,
+                waiting: None,
+            },
+        ) = (why, &mut *this.stage)
+        {
+            if let Some(o) = offload.take() {
+                match o.try_accept(*this.began) {
+                    Ok(handle) => *this.stage = Stage::Wait(handle),
+                    // The queue is full: it would have waited for room.
+                    Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, _)) => {}
+                    Err((reason, _)) => {
+                        this.pool.inner().count_refusal(&reason);
+                        *this.stage = Stage::Done;
+                        return Some(Err(Error::Rejected(reason)));
+                    }
+                }
+            }
+        }
         let out = match this.stage {
             Stage::Wait(handle) => {
                 if queued_only && handle.state() != crate::JobState::Queued {
@@ -136,7 +165,9 @@ impl<F, T> OffloadFuture<F, T> {
         *this.stage = Stage::Done;
         out
     }
+}
 
+impl<F, T> OffloadFuture<F, T> {
     /// The id of the job, once it has been accepted.
     pub fn job_id(&self) -> Option<crate::JobId> {
         match &self.stage {

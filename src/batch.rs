@@ -365,10 +365,16 @@ where
         // Built at the first poll: the timeout runs from there.
         Box::pin(async move {
             let began = Began::now();
+            // What each function sees as its stop token's deadline, as a
+            // single offload's `with_timeout` gives it.
+            let deadline = timeout.and_then(|limit| began.real()?.checked_add(limit));
             let mut batch = Leaving(ReadySet::new());
             let mut outcomes = Vec::with_capacity(fs.len());
             for (i, f) in fs.into_iter().enumerate() {
                 let mut offload = lanes.apply(target.offload(f).without_spin());
+                if let Some(at) = deadline {
+                    offload = offload.deadline(at);
+                }
                 if let Some(policy) = policy {
                     offload = offload.on_abandon(policy);
                 }
@@ -413,9 +419,16 @@ where
 /// they finish, the queued ones are let go first (their policy applied),
 /// then the others, as their futures drop: a running job stopped first
 /// would give its permit to a queued one about to be cancelled.
-struct Leaving<F, T>(ReadySet<OffloadFuture<F, T>>);
+struct Leaving<F, T>(ReadySet<OffloadFuture<F, T>>)
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static;
 
-impl<F, T> Drop for Leaving<F, T> {
+impl<F, T> Drop for Leaving<F, T>
+where
+    F: FnOnce(&StopToken) -> T + Send + 'static,
+    T: Send + 'static,
+{
     fn drop(&mut self) {
         self.0.for_each_live(|_, fut| {
             fut.leave(Departure::Dropped, Duration::ZERO, true);

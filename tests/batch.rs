@@ -698,3 +698,36 @@ async fn an_abandoned_invoke_all_cancels_its_queued_jobs_before_stopping_the_run
         assert_ledger(&m);
     }
 }
+
+/// Found by a hostile review of the batch's own timer: its functions no
+/// longer saw the timeout as their stop token's deadline (a single
+/// offload's `with_timeout` shows it), and a big batch whose time ran out
+/// while it was still offering jobs reported the ones not yet offered as
+/// refused for a full queue that never was. Each job gets the deadline,
+/// and each job not yet offered its one try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_all_with_timeout_shows_the_deadline_and_offers_every_job() {
+    let pool = pool(2, 1_000_000);
+    const N: u64 = 50_000;
+    let fs: Vec<_> = (0..N).map(|i| move |_: &StopToken| i).collect();
+    let _ = within(
+        "the big batch",
+        pool.invoke_all(fs)
+            .with_timeout(std::time::Duration::from_millis(1)),
+    )
+    .await;
+    within("idle", pool.idle()).await;
+    let m = pool.metrics();
+    assert_eq!(m.rejected_full, 0, "{m:?}");
+    assert_eq!(m.accepted, N, "every job offered: {m:?}");
+    assert_ledger(&m);
+    let limit = std::time::Duration::from_secs(60);
+    let seen = within(
+        "the batch",
+        pool.invoke_all([|s: &StopToken| s.deadline().is_some(); 3])
+            .with_timeout(limit),
+    )
+    .await;
+    assert!(seen.iter().all(|d| matches!(d, Ok(true))), "{seen:?}");
+    assert_ledger(&pool.metrics());
+}

@@ -195,23 +195,36 @@ impl JobGroup {
     ///
     /// # Panics
     ///
-    /// If called from a job of this group or of a descendant: the wait
-    /// includes that job's end, so it could never return.
+    /// If called from a job of this group or of a descendant (the wait
+    /// includes that job's end, so it could never return), or from code a
+    /// worker of the pool runs between jobs (a waker, a result's drop),
+    /// where the job it just ran may still count.
     pub async fn idle(&self) {
         let (inner, key) = (&self.shared.inner, self.shared.key);
-        let own_job = crate::sync::current_job().filter(|_| inner.is_worker_thread());
-        let Some(list) = ({
-            let mut s = inner.lock();
-            if own_job.is_some_and(|job| s.job_in_group(job, key)) {
-                drop(s);
+        if inner.is_worker_thread() {
+            // In a job of the group, or between jobs (a waker or a drop
+            // the worker runs, while the job it just ran, of the group
+            // perhaps, is still counted): it would wait for itself.
+            let own = match crate::sync::current_job() {
+                Some(job) => inner.lock().job_in_group(job, key),
+                None => true,
+            };
+            if own {
                 panic!(
-                    "offloader: JobGroup::idle() awaited from a job of that group; it waits \
-                     for this job to end and would never return. Wait from outside the \
-                     group's jobs."
+                    "offloader: JobGroup::idle() awaited from a job of that group (or from a \
+                     waker or drop its worker runs between jobs); it waits for this thread's \
+                     work to end and would never return. Wait from outside the pool."
                 );
             }
-            s.group_wait_list(key)
-        }) else {
+        }
+        self.idle_settled().await;
+    }
+
+    /// [`idle`](Self::idle) without the refusal of a wait that could never
+    /// end on the pool's own threads: for a wait with a limit (`close`).
+    async fn idle_settled(&self) {
+        let (inner, key) = (&self.shared.inner, self.shared.key);
+        let Some(list) = inner.lock().group_wait_list(key) else {
             return;
         };
         let mut waiter = list.registration();
@@ -287,7 +300,7 @@ impl JobGroup {
 
     async fn idle_within(&self, limit: Duration) -> bool {
         let began = Began::now();
-        tokio::time::timeout_at(began.timer_deadline(limit), self.idle())
+        tokio::time::timeout_at(began.timer_deadline(limit), self.idle_settled())
             .await
             .is_ok()
     }

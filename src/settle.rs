@@ -15,6 +15,12 @@ use crate::waits::Waiting;
 /// nobody joined yet are joined on the way, off the async thread.
 pub(crate) async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
     refuse_self_wait(inner, awaited);
+    wait_settled(inner, awaited).await;
+}
+
+/// [`wait`] without the refusal of waits that could never end on the
+/// pool's own threads: for a wait that has a limit of its own (`close`).
+pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
     let settled = awaited.settled();
     // Counted so that transitions signal it (state.rs `settle_check`).
     let _registered = Waiting::new(inner, Waiters::Settle);
@@ -124,8 +130,8 @@ impl Awaited {
 /// on a worker) instead of a silent deadlock. Idleness and termination
 /// include delivering every event, the one the observer is handling too;
 /// termination, every worker thread's exit, this one's too; idleness, the
-/// end of every job, the one running on this worker too. A worker between
-/// jobs (running a waker or a result's drop) may wait for idleness.
+/// end of every job, the one running on this worker too, or, between jobs
+/// (a waker, a result's drop), the publication of the one it just ran.
 fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
     if inner.is_delivery_thread() {
         panic!(
@@ -143,11 +149,14 @@ fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
              threads; it waits for this thread to exit and would never return. Use \
              await_termination(limit), or wait from outside the pool."
         ),
-        Awaited::Idle if crate::sync::current_job().is_some() => panic!(
-            "offloader: idle() awaited from a job of the same pool; it waits for this job to \
-             end and would never return. Wait from outside the pool's jobs."
+        // Between jobs too: the job this worker just ran stays counted as
+        // unpublished until its next lock, after the wakers and drops it
+        // runs now.
+        Awaited::Idle => panic!(
+            "offloader: idle() awaited on one of the pool's own worker threads (from a job, or \
+             a waker or drop the worker runs); it waits for this thread's work to end and would \
+             never return. Wait from outside the pool."
         ),
-        Awaited::Idle => {}
     }
 }
 

@@ -38,7 +38,7 @@ use crate::clock::Began;
 use crate::pool::{warn_delivery, Inner, Offloader};
 use crate::quiet::drop_quietly;
 use crate::report::{CloseReport, RunningJob, UnstartedJob};
-use crate::settle::{blocking_wait, join_elsewhere, wait, Awaited, JoinOnDrop};
+use crate::settle::{blocking_wait, join_elsewhere, wait, wait_settled, Awaited, JoinOnDrop};
 use crate::state::{After, State};
 use crate::sync::Arc;
 
@@ -223,8 +223,10 @@ impl Offloader {
     ///
     /// # Panics
     ///
-    /// If called from a job of this pool (the wait includes that job's end,
-    /// so it could never return) or from this pool's observer (it includes
+    /// If called on one of this pool's worker threads — from a job (the
+    /// wait includes that job's end, so it could never return) or from a
+    /// waker or drop a worker runs between jobs (the job it just ran is
+    /// settled after them) — or from this pool's observer (it includes
     /// delivering the event being delivered).
     ///
     /// ```
@@ -272,13 +274,22 @@ impl Offloader {
             // now, or this thread's exit, so it cannot happen meanwhile.
             return false;
         }
+        self.terminated_within(limit).await
+    }
+
+    /// Waits at most `limit` for termination, wherever it is called from;
+    /// whether the pool terminated.
+    async fn terminated_within(&self, limit: Duration) -> bool {
         let began = Began::now();
         // Under a paused test clock, the pool's threads finishing their
         // work hold the clock, as `spawn_blocking` tasks do.
         let _hold = self.inner().clock_holds.hold();
-        tokio::time::timeout_at(began.timer_deadline(limit), self.terminated())
-            .await
-            .is_ok()
+        tokio::time::timeout_at(
+            began.timer_deadline(limit),
+            wait_settled(self.inner(), Awaited::Termination),
+        )
+        .await
+        .is_ok()
     }
 
     /// Blocks the current thread until the pool terminates or `limit`
@@ -334,11 +345,13 @@ impl Offloader {
         }
         self.shutdown();
         let mut unstarted = Vec::new();
-        let mut terminated = self.await_termination(graceful).await;
+        // Each stage waits its whole budget, on the pool's own threads too
+        // (a job closing its pool: queued jobs still run meanwhile).
+        let mut terminated = self.terminated_within(graceful).await;
         let escalated = !terminated;
         if escalated {
             unstarted = self.shutdown_now();
-            terminated = self.await_termination(after_stop).await;
+            terminated = self.terminated_within(after_stop).await;
         }
         // One snapshot: a job finishing now is in exactly one of the two.
         let (after, still_running) = {

@@ -1713,7 +1713,10 @@ async fn waits_that_include_the_calling_job_panic_instead_of_hanging() {
         .spawn()
         .expect("accepted");
     let message = panic_message(within("idle()", idle).await);
-    assert!(message.contains("idle() awaited from a job"), "{message}");
+    assert!(
+        message.contains("idle() awaited on one of the pool's own worker threads"),
+        "{message}"
+    );
 
     let weak = pool.downgrade();
     let terminated = pool
@@ -1783,4 +1786,88 @@ async fn waits_that_include_the_calling_job_panic_instead_of_hanging() {
     pool.shutdown();
     assert!(pool.await_termination(HANG).await, "terminated");
     assert_ledger(&pool.metrics());
+}
+
+/// Records whether awaiting its pool's `idle()` panicked when dropped.
+struct IdleOnDrop(Offloader, Arc<Mutex<Option<String>>>);
+
+impl Drop for IdleOnDrop {
+    fn drop(&mut self) {
+        let pool = self.0.clone();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            block_on(pool.idle());
+        }));
+        let seen = match caught {
+            Ok(()) => "returned".to_string(),
+            Err(p) => p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into()),
+        };
+        *self.1.lock().unwrap() = Some(seen);
+    }
+}
+
+/// Found by a second hostile review: `idle()` from a detached result's drop
+/// on the worker hung for good (the job it belongs to stays counted until
+/// the worker's next lock, after the drop), and from a waker on the worker
+/// it panicked with the message meant for jobs. Both panic with a message
+/// that says why, on any worker thread of the pool.
+#[test]
+fn idle_from_a_drop_the_worker_runs_panics_instead_of_hanging() {
+    quiet_deliberate_panics();
+    let pool = pool(2, 16);
+    let seen = Arc::new(Mutex::new(None));
+    let (gate, hold) = gate();
+    let (p, s) = (pool.clone(), seen.clone());
+    // Detached before the function returns: the worker drops the result.
+    pool.offload(move |_stop| {
+        hold.wait();
+        IdleOnDrop(p, s)
+    })
+    .spawn()
+    .expect("accepted")
+    .detach();
+    gate.open();
+    eventually_blocking("the drop ran", || seen.lock().unwrap().is_some());
+    let seen = seen.lock().unwrap().clone().unwrap_or_default();
+    assert!(
+        seen.contains("idle() awaited on one of the pool's own worker threads"),
+        "{seen}"
+    );
+}
+
+/// Found by a second hostile review: `close` from one of the pool's jobs
+/// escalated at once (its wait for termination answered `false` at once
+/// there), handing back jobs its graceful budget would have run; a group's
+/// `close` from a job of the group panicked. Each waits its budgets again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_from_a_job_waits_its_graceful_budget() {
+    let graceful = Duration::from_millis(100);
+    let pool = pool(4, 64);
+    let p = pool.clone();
+    let closer = pool
+        .offload(move |_stop| block_on(p.close(graceful, Duration::ZERO)))
+        .spawn()
+        .expect("accepted");
+    let report = within("close from a job", closer).await.expect("returned");
+    assert!(
+        report.took >= graceful,
+        "the graceful stage waited: {report:?}"
+    );
+    assert!(report.escalated && !report.terminated, "{report:?}");
+
+    let pool = self::pool(2, 16);
+    let group = pool.group();
+    let g = group.clone();
+    let closer = group
+        .offload(move |_stop| block_on(g.close(graceful, Duration::ZERO)))
+        .spawn()
+        .expect("accepted");
+    let report = within("a group's close from its job", closer)
+        .await
+        .expect("returned a report, did not panic");
+    assert!(report.took >= graceful && report.escalated, "{report:?}");
+    assert!(group.is_stopped());
 }

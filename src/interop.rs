@@ -23,9 +23,10 @@ impl JobGroup {
     /// the group alive.
     ///
     /// The watch runs as a task on one thread the process shares for all
-    /// such watches (started by the first; the stop callbacks a watch fires
-    /// run there), not on the caller's runtime: it goes on after that
-    /// runtime is dropped, and works outside one.
+    /// such watches (started by the first), not on the caller's runtime: it
+    /// goes on after that runtime is dropped, and works outside one. The
+    /// stop it fires runs on a thread of that runtime's blocking pool, so a
+    /// stop callback that blocks holds no other watch.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -104,8 +105,15 @@ impl Follow {
     }
 }
 
-/// Runs `act` when `token` is cancelled, unless `gone` is cancelled first.
-async fn watch_until(token: CancellationToken, gone: CancellationToken, act: impl FnOnce()) {
+/// Runs `act` when `token` is cancelled, unless `gone` is cancelled first:
+/// on a thread of the watch runtime's blocking pool, not its one thread,
+/// since the stop callbacks `act` fires are the user's and may block (one
+/// that does holds that thread, not every watch of the process).
+async fn watch_until(
+    token: CancellationToken,
+    gone: CancellationToken,
+    act: impl FnOnce() + Send + 'static,
+) {
     let mut cancelled = pin!(token.cancelled());
     let mut dropped = pin!(gone.cancelled());
     let fired = poll_fn(|cx| {
@@ -116,7 +124,7 @@ async fn watch_until(token: CancellationToken, gone: CancellationToken, act: imp
     })
     .await;
     if fired {
-        act();
+        drop(tokio::task::spawn_blocking(act));
     }
 }
 
@@ -143,7 +151,10 @@ fn watch_runtime() -> std::io::Result<tokio::runtime::Handle> {
     if let Some(runtime) = slot.as_ref() {
         return Ok(runtime.clone());
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    // Timers too: the stop callbacks a watch fires may use them.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let handle = runtime.handle().clone();
     std::thread::Builder::new()
         .name("offloader-stop-on".into())

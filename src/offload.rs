@@ -134,9 +134,10 @@ where
     /// but the pool meanwhile. The watch is a task on one thread the
     /// process shares for all such watches however many jobs wait (started
     /// by the first), not on the caller's runtime, so it goes on after that
-    /// runtime is dropped: a job that starts after the token's
-    /// cancellation but before the watch sees it has its stop token set
-    /// instead. The function is wrapped: a refused offload hands
+    /// runtime is dropped; the stop it fires runs on a thread of that
+    /// runtime's blocking pool, so a stop callback that blocks holds no
+    /// other watch. A job that starts after the token's cancellation but
+    /// before the watch sees it has its stop token set instead. The function is wrapped: a refused offload hands
     /// back the wrapper, which still runs it.
     ///
     /// ```

@@ -349,3 +349,92 @@ async fn a_job_following_a_cancelled_token_is_not_held_back_by_a_full_queue() {
     assert_eq!((m.cancelled, m.rejected_full), (2, 0), "{m:?}");
     assert_ledger(&m);
 }
+
+/// Found by a second hostile review: with one watch thread for the
+/// process, a stop callback that blocked (a slow abort in one pool) held
+/// every other watch: another pool's queued job, whose token was cancelled
+/// meanwhile, was not cancelled, and ran. A watch now fires its stop on a
+/// thread of the watch runtime's blocking pool.
+#[test]
+fn a_blocking_stop_callback_holds_no_other_watch() {
+    let a = pool(1, 16);
+    let b = pool(1, 16);
+    let (ta, tb) = (CancellationToken::new(), CancellationToken::new());
+    let (release, held) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let (abort_tx, mut aborting) = signal::<()>();
+    let slow = a
+        .offload(move |stop| {
+            // Kept registered (a guard dropped before its callback runs
+            // takes it back: the function may see the stop first).
+            let abort = stop.on_stop(move || {
+                abort_tx.send(()).ok();
+                held.wait();
+            });
+            std::mem::forget(abort);
+            started_tx.send(()).ok();
+            while !stop.is_stopped() {
+                std::thread::yield_now();
+            }
+        })
+        .stop_on(ta.clone())
+        .spawn()
+        .expect("accepted");
+    recv_blocking("the slow job started", &mut started);
+    ta.cancel();
+    recv_blocking("the slow abort runs", &mut aborting);
+    let (b_gate, b_hold) = gate();
+    let first = b
+        .offload(move |_stop| b_hold.wait())
+        .spawn()
+        .expect("accepted");
+    let queued = b
+        .offload(|_stop| "ran")
+        .stop_on(tb.clone())
+        .spawn()
+        .expect("accepted");
+    tb.cancel();
+    eventually_blocking("the other pool's queued job is cancelled", || {
+        queued.state() == offloader::JobState::Cancelled
+    });
+    b_gate.open();
+    release.open();
+    first.blocking_wait().expect("ran");
+    slow.blocking_wait().expect("stopped");
+}
+
+/// A stop callback that a watch fires may wait for a job
+/// (`blocking_wait`), as one run by a plain thread may: the watch fires it
+/// on a blocking-pool thread, not on the watch runtime's own (found by a
+/// second hostile review, where it panicked).
+#[test]
+fn a_stop_callback_fired_by_a_watch_may_wait_for_a_job() {
+    let a = pool(1, 16);
+    let other = pool(1, 16);
+    let token = CancellationToken::new();
+    let (started_tx, mut started) = signal::<()>();
+    let (done_tx, mut done) = signal::<Option<u32>>();
+    let job = a
+        .offload(move |stop| {
+            // Kept registered (a guard dropped before its callback runs
+            // takes it back: the function may see the stop first).
+            let abort = stop.on_stop(move || {
+                let waited = other.offload(|_stop| 1).spawn().ok();
+                done_tx
+                    .send(waited.and_then(|h| h.blocking_wait().ok()))
+                    .ok();
+            });
+            std::mem::forget(abort);
+            started_tx.send(()).ok();
+            while !stop.is_stopped() {
+                std::thread::yield_now();
+            }
+        })
+        .stop_on(token.clone())
+        .spawn()
+        .expect("accepted");
+    recv_blocking("the job started", &mut started);
+    token.cancel();
+    assert_eq!(recv_blocking("the callback waited", &mut done), Some(1));
+    job.blocking_wait().expect("stopped");
+}

@@ -87,6 +87,11 @@ impl Follow {
         self.token.is_cancelled()
     }
 
+    /// The token followed.
+    pub(crate) fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
     /// Starts watching for the accepted job `task` of pool `inner`.
     pub(crate) fn watch(self, task: &Arc<dyn Task>, inner: &Arc<Inner>) {
         let (task, inner) = (Arc::downgrade(task), inner.clone());
@@ -103,6 +108,26 @@ impl Follow {
         }
         spawn_watch(watch_until(self.token, self.gone, stop));
     }
+}
+
+/// `room` (a wait for queue room), ended early when `follows`, the token
+/// the waiting job follows, is cancelled.
+pub(crate) async fn or_cancelled(
+    room: impl Future<Output = ()>,
+    follows: Option<&CancellationToken>,
+) {
+    let Some(token) = follows else {
+        return room.await;
+    };
+    let mut room = pin!(room);
+    let mut cancelled = pin!(token.cancelled());
+    poll_fn(|cx| {
+        if cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        room.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// Runs `act` when `token` is cancelled, unless `gone` is cancelled first:

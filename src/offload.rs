@@ -327,6 +327,11 @@ where
         // Stands in for the caller's waker in the `Notify` (made at the
         // first wait): see `wait_list::Relay`.
         let mut relay = None;
+        // A job that follows a token stops waiting for room when it is
+        // cancelled: it is then accepted and cancelled at once, without a
+        // place (admission.rs `reserve`).
+        #[cfg(feature = "tokio-util")]
+        let follows = self.opts.follow.as_ref().map(crate::interop::Follow::token);
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -359,6 +364,8 @@ where
             }
             let relay = relay.get_or_insert_with(std::sync::Arc::default);
             let freed = crate::wait_list::Relayed::new(freed, relay);
+            #[cfg(feature = "tokio-util")]
+            let freed = crate::interop::or_cancelled(freed, follows.as_ref());
             match wait_until {
                 None => freed.await,
                 Some(at) => {

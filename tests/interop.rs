@@ -438,3 +438,50 @@ fn a_stop_callback_fired_by_a_watch_may_wait_for_a_job() {
     assert_eq!(recv_blocking("the callback waited", &mut done), Some(1));
     job.blocking_wait().expect("stopped");
 }
+
+/// Found by a second hostile review: a caller waiting for room with a job
+/// following a token went on waiting when the token was cancelled (with a
+/// queue kept full, for good). It stops waiting then: the job is accepted
+/// and cancelled at once, without a place, for `.await` and `submit()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_waiting_for_room_follows_its_tokens_cancellation() {
+    let pool = pool(1, 1);
+    let (gate, hold) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let running = pool
+        .offload(move |_stop| {
+            started_tx.send(()).ok();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv("the first job started", &mut started).await;
+    let queued = pool
+        .offload(|_stop| ())
+        .spawn()
+        .expect("the queue's one place");
+    let token = CancellationToken::new();
+    // Each polled once, and so waiting for room, before the cancel.
+    let mut awaited = Box::pin(std::future::IntoFuture::into_future(
+        pool.offload(|_stop| 5).stop_on(token.clone()),
+    ));
+    assert!(poll_once(awaited.as_mut()).await.is_pending());
+    let mut submitted = Box::pin(pool.offload(|_stop| 6).stop_on(token.clone()).submit());
+    assert!(poll_once(submitted.as_mut()).await.is_pending());
+    token.cancel();
+    let err = within("the awaiting caller", awaited).await.unwrap_err();
+    assert!(err.is_cancelled(), "{err:?}");
+    let handle = within("the submitting caller", submitted)
+        .await
+        .expect("accepted, cancelled");
+    assert!(within("its handle", handle)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+    gate.open();
+    within("the first job", running).await.expect("ran");
+    within("the queued job", queued).await.expect("ran");
+    let m = pool.metrics();
+    assert_eq!((m.cancelled, m.rejected_full), (2, 0), "{m:?}");
+    assert_ledger(&m);
+}

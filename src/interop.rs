@@ -195,7 +195,9 @@ impl StopToken {
     /// call gives a new token (a child of one the stop cancels, so that
     /// however many are asked for, one stop callback is registered, and a
     /// dropped token leaves nothing behind); it holds nothing of the job's
-    /// alive.
+    /// alive. That one callback takes the place of the first call among
+    /// the token's callbacks, which run newest first: every token asked
+    /// for later is cancelled in that place too.
     ///
     /// ```
     /// let stop = offloader::StopToken::new();

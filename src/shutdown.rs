@@ -95,7 +95,9 @@ impl Offloader {
     /// have no keys or limiters returns them in submission order. The
     /// queue is drained a chunk at a time, so other callers of the pool
     /// wait for one chunk, not for the whole queue. If two calls race, each
-    /// returns the jobs it drained; a later call returns an empty list.
+    /// returns the jobs it drained; a later call returns an empty list. A
+    /// job cancelled meanwhile (its handle's `cancel`, its group's stop)
+    /// between two chunks ends cancelled instead, and is not returned.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -253,11 +253,15 @@ fn queued_jobs_following_tokens_outside_a_runtime_share_one_watch_thread() {
         .collect();
     assert_eq!(threads_named(WATCH), 1, "one watch thread for every job");
     token.cancel();
-    eventually_blocking("every queued job cancelled", || {
-        queued
-            .iter()
-            .all(|j| j.state() == offloader::JobState::Cancelled)
-    });
+    eventually_blocking(
+        "every queued job cancelled, the running one asked to stop",
+        || {
+            running.is_stop_requested()
+                && queued
+                    .iter()
+                    .all(|j| j.state() == offloader::JobState::Cancelled)
+        },
+    );
     gate.open();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

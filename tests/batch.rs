@@ -731,3 +731,52 @@ async fn invoke_all_with_timeout_shows_the_deadline_and_offers_every_job() {
     assert!(seen.iter().all(|d| matches!(d, Ok(true))), "{seen:?}");
     assert_ledger(&pool.metrics());
 }
+
+/// A batch whose time runs out while some of its jobs still wait for room
+/// in a full queue gives an outcome for every job: those never accepted
+/// are refused (`FullUntilTimeout`), in their places (kills the mutant of
+/// the batch's leaving that skipped jobs still waiting for room, from
+/// mutation testing of awaited.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_batch_refuses_the_jobs_still_waiting_for_room() {
+    let pool = pool(1, 1);
+    let (gate, hold) = gate();
+    let (started_tx, mut started) = signal::<()>();
+    let running = pool
+        .offload(move |_stop| {
+            started_tx.send(()).ok();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv("the first job started", &mut started).await;
+    let fs: Vec<Call<u32>> = (0..3u32)
+        .map(|i| Box::new(move |_: &StopToken| i) as Call<u32>)
+        .collect();
+    let outcomes = within(
+        "the batch",
+        pool.invoke_all(fs)
+            .with_timeout(std::time::Duration::from_millis(20)),
+    )
+    .await;
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    let refused = outcomes
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Err(Error::Rejected(
+                    offloader::Rejected::FullUntilTimeout { .. }
+                ))
+            )
+        })
+        .count();
+    assert_eq!(
+        refused, 2,
+        "one took the queue's place, two waited: {outcomes:?}"
+    );
+    gate.open();
+    within("the first job", running).await.expect("ran");
+    within("idle", pool.idle()).await;
+    assert_ledger(&pool.metrics());
+}

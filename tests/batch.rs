@@ -740,16 +740,7 @@ async fn invoke_all_with_timeout_shows_the_deadline_and_offers_every_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_batch_refuses_the_jobs_still_waiting_for_room() {
     let pool = pool(1, 1);
-    let (gate, hold) = gate();
-    let (started_tx, mut started) = signal::<()>();
-    let running = pool
-        .offload(move |_stop| {
-            started_tx.send(()).ok();
-            hold.wait();
-        })
-        .spawn()
-        .expect("accepted");
-    recv("the first job started", &mut started).await;
+    let occupied = occupy(&pool, 1).await;
     let fs: Vec<Call<u32>> = (0..3u32)
         .map(|i| Box::new(move |_: &StopToken| i) as Call<u32>)
         .collect();
@@ -775,8 +766,7 @@ async fn a_timed_out_batch_refuses_the_jobs_still_waiting_for_room() {
         refused, 2,
         "one took the queue's place, two waited: {outcomes:?}"
     );
-    gate.open();
-    within("the first job", running).await.expect("ran");
+    occupied.release().await;
     within("idle", pool.idle()).await;
     assert_ledger(&pool.metrics());
 }

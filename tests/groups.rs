@@ -769,16 +769,7 @@ async fn room_freed_for_two_at_once_lets_two_waiting_callers_in() {
 async fn a_group_stopped_or_closed_refuses_its_callers_waiting_for_room() {
     for close in [false, true] {
         let pool = pool(1, 1);
-        let (gate, hold) = gate();
-        let (started_tx, mut started) = signal::<()>();
-        let running = pool
-            .offload(move |_stop| {
-                started_tx.send(()).ok();
-                hold.wait();
-            })
-            .spawn()
-            .expect("accepted");
-        recv("the first job started", &mut started).await;
+        let occupied = occupy(&pool, 1).await;
         let queued = pool
             .offload(|_stop| ())
             .spawn()
@@ -815,8 +806,7 @@ async fn a_group_stopped_or_closed_refuses_its_callers_waiting_for_room() {
             !other.is_finished(),
             "the other caller still waits for room"
         );
-        gate.open();
-        within("the first job", running).await.expect("ran");
+        occupied.release().await;
         within("the queued job", queued).await.expect("ran");
         assert_eq!(
             within("the other caller", other).await.expect("task").ok(),

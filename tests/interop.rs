@@ -319,16 +319,7 @@ fn a_watch_outlives_the_runtime_that_offloaded_the_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_following_a_cancelled_token_is_not_held_back_by_a_full_queue() {
     let pool = pool(1, 1);
-    let (gate, hold) = gate();
-    let (started_tx, mut started) = signal::<()>();
-    let running = pool
-        .offload(move |_stop| {
-            started_tx.send(()).ok();
-            hold.wait();
-        })
-        .spawn()
-        .expect("accepted");
-    recv("the first job started", &mut started).await;
+    let occupied = occupy(&pool, 1).await;
     let queued = pool
         .offload(|_stop| ())
         .spawn()
@@ -346,8 +337,7 @@ async fn a_job_following_a_cancelled_token_is_not_held_back_by_a_full_queue() {
         awaited.unwrap_err().is_cancelled(),
         "not left waiting for room"
     );
-    gate.open();
-    within("the first job", running).await.expect("ran");
+    occupied.release().await;
     within("the queued job", queued).await.expect("ran");
     let m = pool.metrics();
     assert_eq!((m.cancelled, m.rejected_full), (2, 0), "{m:?}");
@@ -450,16 +440,7 @@ fn a_stop_callback_fired_by_a_watch_may_wait_for_a_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_waiting_for_room_follows_its_tokens_cancellation() {
     let pool = pool(1, 1);
-    let (gate, hold) = gate();
-    let (started_tx, mut started) = signal::<()>();
-    let running = pool
-        .offload(move |_stop| {
-            started_tx.send(()).ok();
-            hold.wait();
-        })
-        .spawn()
-        .expect("accepted");
-    recv("the first job started", &mut started).await;
+    let occupied = occupy(&pool, 1).await;
     let queued = pool
         .offload(|_stop| ())
         .spawn()
@@ -482,8 +463,7 @@ async fn a_caller_waiting_for_room_follows_its_tokens_cancellation() {
         .await
         .unwrap_err()
         .is_cancelled());
-    gate.open();
-    within("the first job", running).await.expect("ran");
+    occupied.release().await;
     within("the queued job", queued).await.expect("ran");
     let m = pool.metrics();
     assert_eq!((m.cancelled, m.rejected_full), (2, 0), "{m:?}");

@@ -8,7 +8,7 @@
 //! that would finish the job waits for the core the caller spins on, and
 //! each spin is lost: a round trip under a neighbour burning a core took
 //! 9.7–10 µs with the spin and 5.8–6.7 µs without, and 5.5 µs with the
-//! rule below (`docs/perf/2026-12-05-caller-spin-ab.txt`; 1.4 µs in steady
+//! rule below (`docs/perf/history/2026-12-05-caller-spin-ab.txt`; 1.4 µs in steady
 //! quiet rounds with and without it; in bursts after idle it costs, see
 //! ARCHITECTURE.md "Spinning"). So callers count the spins in a row that
 //! found no outcome; after

@@ -219,7 +219,7 @@ pub(crate) struct Intake {
 /// through the pool lock, whose holder (the submitter) moves the ring into
 /// the queue; at 256 places that was once per 100 µs of submitting, and
 /// the limit-2 batch took 11-34 % more CPU per job, 1-24 % less
-/// throughput (`docs/perf/2026-12-06-ring-size-ab.txt`).
+/// throughput (`docs/perf/history/2026-12-06-ring-size-ab.txt`).
 #[cfg(not(loom))]
 const SLOTS: usize = 2048;
 /// Under loom: small enough that the models reach a full intake.

@@ -61,6 +61,11 @@ mod caller_spin;
 mod interop;
 mod map;
 
+// The README's example runs as a doctest: what it shows is what runs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(all(test, not(loom)))]
 mod intake_tests;
 #[cfg(all(test, loom))]

@@ -1,7 +1,7 @@
 //! The shape of the source (issue 9): the modules of `src/` read top-down,
 //! with no import circles (a module never reaches, through `crate::` paths,
-//! a module that reaches it back), and no source file grows past 500
-//! lines.
+//! a module that reaches it back). A file's length is no rule: one well
+//! past ~600 lines is a prompt to look at it, not a failure (issue 31).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -99,33 +99,5 @@ fn no_import_circles() {
         circles.is_empty(),
         "import circles:\n{}",
         circles.join("\n")
-    );
-}
-
-#[test]
-fn no_source_file_is_too_long() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut long = Vec::new();
-    let mut stack = vec![src];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("a directory") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
-                let lines = std::fs::read_to_string(&path)
-                    .expect("a file")
-                    .lines()
-                    .count();
-                if lines > 500 {
-                    long.push(format!("{}: {lines} lines", path.display()));
-                }
-            }
-        }
-    }
-    assert!(
-        long.is_empty(),
-        "files over 500 lines:\n{}",
-        long.join("\n")
     );
 }

@@ -14,8 +14,18 @@ fn modules() -> BTreeMap<String, BTreeSet<String>> {
     for entry in std::fs::read_dir(&src).expect("src/") {
         let path = entry.expect("entry").path();
         if path.is_dir() {
-            for inner in std::fs::read_dir(&path).expect("a module directory") {
-                files.push((path.clone(), inner.expect("entry").path()));
+            // Every file under a module's folder, nested ones too, is
+            // that module's.
+            let mut stack = vec![path.clone()];
+            while let Some(dir) = stack.pop() {
+                for inner in std::fs::read_dir(&dir).expect("a module directory") {
+                    let inner = inner.expect("entry").path();
+                    if inner.is_dir() {
+                        stack.push(inner);
+                    } else {
+                        files.push((path.clone(), inner));
+                    }
+                }
             }
         } else {
             files.push((path.clone(), path));

@@ -208,6 +208,37 @@ pub(crate) fn recv_blocking<T>(what: &str, rx: &mut UnboundedReceiver<T>) -> T {
         .block_on(recv(what, rx))
 }
 
+/// The function of a job held at its start: it sends `label` on `started`
+/// when it runs (ignored once the test no longer listens), waits until
+/// `hold`'s gate opens, ignoring its stop token, then returns `then(stop)`.
+pub(crate) fn gated<L: Send + 'static, T>(
+    hold: &Hold,
+    started: &UnboundedSender<L>,
+    label: L,
+    then: impl FnOnce(&StopToken) -> T + Send + 'static,
+) -> impl FnOnce(&StopToken) -> T + Send + 'static {
+    let (hold, started) = (hold.clone(), started.clone());
+    move |stop| {
+        let _ = started.send(label);
+        hold.wait();
+        then(stop)
+    }
+}
+
+/// [`gated`], for a job that also ends when stop is requested: it returns
+/// whether it was stopped ([`Hold::wait_or_stop`]).
+pub(crate) fn gated_or_stop<L: Send + 'static>(
+    hold: &Hold,
+    started: &UnboundedSender<L>,
+    label: L,
+) -> impl FnOnce(&StopToken) -> bool + Send + 'static {
+    let (hold, started) = (hold.clone(), started.clone());
+    move |stop| {
+        let _ = started.send(label);
+        hold.wait_or_stop(stop)
+    }
+}
+
 /// A flag, false until a function sets it (clone it into the function).
 pub(crate) fn flag() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
@@ -300,14 +331,10 @@ pub(crate) async fn occupy(pool: &Offloader, permits: usize) -> Occupied {
     let (tx, mut rx) = signal();
     let handles = (0..permits)
         .map(|_| {
-            let (tx, hold) = (tx.clone(), hold.clone());
-            pool.offload(move |_stop| {
-                tx.send(()).expect("test alive");
-                hold.wait();
-            })
-            .name("blocker")
-            .spawn()
-            .expect("blocker accepted")
+            pool.offload(gated(&hold, &tx, (), |_| ()))
+                .name("blocker")
+                .spawn()
+                .expect("blocker accepted")
         })
         .collect();
     for _ in 0..permits {

@@ -450,6 +450,39 @@ pub(crate) fn sleeping_threads_named(name: &str) -> usize {
 }
 
 // ---------------------------------------------------------------------------
+// Randomized tests
+
+/// xorshift64*: a tiny seeded generator, so that a failure can be replayed;
+/// good enough to pick among a handful of cases.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        // Never zero (xorshift's fixed point).
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// `true` with a chance of `percent` in 100.
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Output
 
 /// Hides deliberate panics: a message containing [`ON_PURPOSE`], or a non-string payload.

@@ -450,6 +450,96 @@ pub(crate) fn sleeping_threads_named(name: &str) -> usize {
 }
 
 // ---------------------------------------------------------------------------
+// Counting allocations
+
+/// Makes this test binary's global allocator one that counts (each binary
+/// has its own, hence a macro), in a module `counted`:
+/// `counted::allocations_of(f)` runs `f` and gives the allocations
+/// (`alloc` and `realloc` calls) it made on its thread, and
+/// `counted::live_bytes()` the bytes allocated and not yet freed in the
+/// whole process.
+#[allow(unused_macros)]
+macro_rules! counting_allocator {
+    () => {
+        mod counted {
+            use std::alloc::{GlobalAlloc, Layout, System};
+            use std::cell::Cell;
+            use std::sync::atomic::{AtomicIsize, Ordering};
+
+            struct Counting;
+
+            thread_local! {
+                /// Allocations made on this thread while `COUNTING` is set.
+                static MADE: Cell<u64> = const { Cell::new(0) };
+                static COUNTING: Cell<bool> = const { Cell::new(false) };
+            }
+
+            /// Bytes allocated and not yet freed, in the whole process.
+            static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+            fn count_call() {
+                let _ = COUNTING.try_with(|on| {
+                    if on.get() {
+                        MADE.with(|m| m.set(m.get() + 1));
+                    }
+                });
+            }
+
+            // SAFETY: defers to the system allocator; only counts, in an
+            // atomic and in thread-locals that need no allocation
+            // (const-initialised `Cell`s).
+            unsafe impl GlobalAlloc for Counting {
+                unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                    count_call();
+                    LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+                    // SAFETY: the caller's contract is System's.
+                    unsafe { System.alloc(layout) }
+                }
+
+                unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                    LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+                    // SAFETY: the caller's contract is System's.
+                    unsafe { System.dealloc(ptr, layout) }
+                }
+
+                unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                    count_call();
+                    // SAFETY: the caller's contract is System's.
+                    let moved = unsafe { System.realloc(ptr, layout, new_size) };
+                    if !moved.is_null() {
+                        let grew = new_size as isize - layout.size() as isize;
+                        LIVE.fetch_add(grew, Ordering::Relaxed);
+                    }
+                    moved
+                }
+            }
+
+            #[global_allocator]
+            static ALLOCATOR: Counting = Counting;
+
+            /// Runs `f`; gives what it returned and the allocations it made
+            /// on this thread.
+            #[allow(dead_code)]
+            pub(crate) fn allocations_of<R>(f: impl FnOnce() -> R) -> (R, u64) {
+                let before = MADE.with(Cell::get);
+                COUNTING.with(|on| on.set(true));
+                let r = f();
+                COUNTING.with(|on| on.set(false));
+                (r, MADE.with(Cell::get) - before)
+            }
+
+            /// Bytes allocated and not yet freed, in the whole process.
+            #[allow(dead_code)]
+            pub(crate) fn live_bytes() -> isize {
+                LIVE.load(Ordering::SeqCst)
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use counting_allocator;
+
+// ---------------------------------------------------------------------------
 // Randomized tests
 
 /// xorshift64*: a tiny seeded generator, so that a failure can be replayed;

@@ -32,7 +32,7 @@ use crate::sync::{Arc, AtomicBool, Ordering};
 /// Cloning gives another handle to the same group. When the last handle is
 /// dropped, its [`GroupDropPolicy`] applies (default: the jobs go on). A
 /// group handle, like an [`Offload`](crate::Offload) not yet submitted and
-/// a [`Map`](crate::Map) stream, holds an [`Offloader`](crate::Offloader)
+/// a [`Map`](crate::Map) stream, holds an [`Offloader`]
 /// clone: the pool does not start its graceful shutdown on the drop of its
 /// last other clone while one lives (keep a group out of the pool's own
 /// observer, or it keeps the pool open for good).

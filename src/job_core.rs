@@ -84,7 +84,7 @@ pub(crate) struct JobCore<X: ?Sized = [Extras]> {
     /// started (see [`now_ns`]).
     time: AtomicU64,
     /// The job's key in the pool's slab while it is queued or running
-    /// (state.rs S5). Read and written only under the pool lock.
+    /// (S5 in [`crate::state`]). Read and written only under the pool lock.
     key: AtomicU32,
     pub(crate) state: AtomicU8,
     flags: AtomicU8,

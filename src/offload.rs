@@ -312,7 +312,7 @@ where
     pub(crate) async fn submit_from(self, began: Began) -> Result<JobHandle<T>, SubmitError<F>> {
         let inner = self.pool.inner().clone();
         let limit = self.opts.timeout;
-        // Counted so that freed slots signal it (state.rs `room_freed`).
+        // Counted so that freed slots signal it ([`State::room_freed`]).
         let _counted = Waiting::new(&inner, Waiters::Room);
         // Counted once refused, if the job needs no limiter and has no key
         // (a key at its limit would hold it back too): a free permit with
@@ -335,7 +335,7 @@ where
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
-            // wakes this wait (state.rs `room_freed`).
+            // wakes this wait ([`State::room_freed`]).
             let mut freed = pin!(inner.room_freed.notified());
             freed.as_mut().enable();
             match this.try_accept(began) {

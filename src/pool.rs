@@ -209,8 +209,9 @@ impl fmt::Debug for Offloader {
 /// What every clone of a pool and every job handle share.
 pub(crate) struct Inner {
     pub(crate) config: Config,
-    /// The one lock (ARCHITECTURE.md "Locks"). It and the two hints below
-    /// are on lines of their own, away from the fields submitters read.
+    /// The pool lock (ARCHITECTURE.md "A job's path, naming each lock").
+    /// It and the two hints below are on lines of their own, away from the
+    /// fields submitters read.
     state: Padded<Mutex<State>>,
     /// The count of jobs queued, in the intake or with a place reserved
     /// (intake.rs inv. 1): the queue bound's reservations; spinning workers

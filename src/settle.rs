@@ -22,7 +22,7 @@ pub(crate) async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
 /// pool's own threads: for a wait that has a limit of its own (`close`).
 pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
     let settled = awaited.settled();
-    // Counted so that transitions signal it (state.rs `settle_check`).
+    // Counted so that transitions signal it ([`State::settle_check`]).
     let _registered = Waiting::new(inner, Waiters::Settle);
     let mut waker = inner.progress.registration();
     // Under a paused test clock, waiting for pool work holds the clock.

@@ -52,7 +52,7 @@ impl Inner {
     }
 }
 
-/// Counts one waiter in a [`State`] waiter count for as long as it exists,
+/// Counts one waiter in a [`State`](crate::state::State) waiter count for as long as it exists,
 /// so that the transitions it waits for signal it; a dropped wait (a future
 /// cancelled mid-await) unregisters. The one way waiters are counted.
 pub(crate) struct Waiting<'a> {

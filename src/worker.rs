@@ -77,8 +77,8 @@ impl Inner {
             let mut ran = Duration::ZERO;
             let mut panicked = false;
             let mut after = After::default();
-            // For a wait from inside the function (pool.rs
-            // `enter_own_wait`): the key stays this job's while it runs.
+            // For a wait from inside the function ([`Inner::enter_own_wait`]):
+            // the key stays this job's while it runs.
             crate::sync::set_current_job(Some(core.key()));
             let result_drops = task.result_needs_drop();
             let mut searching = false;

@@ -7,61 +7,13 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
 
 use support::*;
 
-struct Counting;
-
-thread_local! {
-    /// Allocations made on this thread while `COUNTING` is set.
-    static MADE: Cell<u64> = const { Cell::new(0) };
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: defers to the system allocator; only counts the calls, in
-// thread-locals that need no allocation (const-initialised `Cell`s).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = COUNTING.try_with(|on| {
-            if on.get() {
-                MADE.with(|m| m.set(m.get() + 1));
-            }
-        });
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = COUNTING.try_with(|on| {
-            if on.get() {
-                MADE.with(|m| m.set(m.get() + 1));
-            }
-        });
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Allocations `f` makes on this thread.
-fn allocations_of<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    let before = MADE.with(Cell::get);
-    COUNTING.with(|on| on.set(true));
-    let r = f();
-    COUNTING.with(|on| on.set(false));
-    (r, MADE.with(Cell::get) - before)
-}
+support::counting_allocator!();
+use counted::allocations_of;
 
 const JOBS: usize = 2_000;
 

@@ -24,12 +24,8 @@ fn held(
     hold: &Hold,
     tx: &tokio::sync::mpsc::UnboundedSender<()>,
 ) -> offloader::JobHandle<bool> {
-    let (hold, tx) = (hold.clone(), tx.clone());
     group
-        .offload(move |stop| {
-            tx.send(()).unwrap();
-            hold.wait_or_stop(stop)
-        })
+        .offload(gated_or_stop(hold, tx, ()))
         .spawn()
         .expect("accepted")
 }
@@ -626,11 +622,10 @@ async fn a_stop_reaches_every_running_job_at_once() {
         let first = held(&group, &hold, &tx);
         let second = group
             .offload({
-                let (hold, tx) = (hold.clone(), tx.clone());
+                let then = gated_or_stop(&hold, &tx, ());
                 move |stop: &offloader::StopToken| {
                     token_tx.send(stop.clone()).unwrap();
-                    tx.send(()).unwrap();
-                    hold.wait_or_stop(stop)
+                    then(stop)
                 }
             })
             .spawn()
@@ -664,28 +659,19 @@ async fn running_jobs_lists_the_group_and_its_descendants_only() {
     let (g, hold) = gate();
     let (tx, mut started) = signal();
     let named = |group: &JobGroup, name: &'static str| {
-        let (hold, tx) = (hold.clone(), tx.clone());
         group
-            .offload(move |_| {
-                tx.send(()).unwrap();
-                hold.wait();
-            })
+            .offload(gated(&hold, &tx, (), |_| ()))
             .name(name)
             .spawn()
             .unwrap()
     };
     let p = named(&parent, "parent's");
     let c = named(&child, "child's");
-    let outside = {
-        let (hold, tx) = (hold.clone(), tx.clone());
-        pool.offload(move |_| {
-            tx.send(()).unwrap();
-            hold.wait();
-        })
+    let outside = pool
+        .offload(gated(&hold, &tx, (), |_| ()))
         .name("outsider")
         .spawn()
-        .unwrap()
-    };
+        .unwrap();
     for _ in 0..3 {
         recv("a job", &mut started).await;
     }
@@ -721,13 +707,7 @@ async fn room_freed_for_two_at_once_lets_two_waiting_callers_in() {
     let pool = builder(2, 2).max_per_key(1).build().expect("valid");
     let (gate, hold) = gate();
     let (tx, mut started) = signal::<&str>();
-    let job = |label: &'static str| {
-        let (hold, tx) = (hold.clone(), tx.clone());
-        move |_: &offloader::StopToken| {
-            tx.send(label).unwrap();
-            hold.wait();
-        }
-    };
+    let job = |label: &'static str| gated(&hold, &tx, label, |_| ());
     let occupant = pool
         .offload(job("occupant"))
         .key("k")

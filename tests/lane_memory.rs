@@ -5,32 +5,9 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
-
 use support::*;
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: defers to the system allocator; only counts the bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+support::counting_allocator!();
 
 /// The count is the process's: one test measures at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -43,19 +20,19 @@ async fn a_burst_of_keys_gives_its_memory_back() {
     within("a warm-up job", pool.offload(|_| ()).key("warm-up"))
         .await
         .unwrap();
-    let before = LIVE.load(Ordering::SeqCst);
+    let before = counted::live_bytes();
     let occupied = occupy(&pool, 2).await;
     let handles: Vec<_> = (0..KEYS)
         .map(|k| pool.offload(|_| ()).key(k).spawn().unwrap())
         .collect();
-    let peak = LIVE.load(Ordering::SeqCst) - before;
+    let peak = counted::live_bytes() - before;
     occupied.release().await;
     for h in handles {
         within("every job", h).await.unwrap();
     }
     pool.idle().await;
     assert!(pool.key_stats(1).is_empty());
-    let left = LIVE.load(Ordering::SeqCst) - before;
+    let left = counted::live_bytes() - before;
     println!("{KEYS} keys: {peak} bytes at the peak, {left} left after");
     assert!(
         left < peak / 20,
@@ -84,7 +61,7 @@ async fn limiters_nobody_waits_for_are_let_go() {
             .unwrap();
         assert!(job.cancel());
     }
-    let before = LIVE.load(Ordering::SeqCst);
+    let before = counted::live_bytes();
     for _ in 0..ROUNDS {
         let (_l, job) = round(&pool);
         within("a start that blocks the lane", pool.offload(|_| ()))
@@ -92,7 +69,7 @@ async fn limiters_nobody_waits_for_are_let_go() {
             .unwrap();
         assert!(job.cancel());
     }
-    let grew = LIVE.load(Ordering::SeqCst) - before;
+    let grew = counted::live_bytes() - before;
     println!("{ROUNDS} limiters waited for and cancelled: {grew} bytes kept");
     assert!(
         grew < 64 * 1024,
@@ -121,14 +98,14 @@ async fn keys_that_come_and_go_keep_only_a_few_idle_lanes() {
             .await
             .unwrap();
     }
-    let before = LIVE.load(Ordering::SeqCst);
+    let before = counted::live_bytes();
     for k in 0..KEYS {
         let key = format!("a key that comes once, number {k}");
         within("a keyed job", pool.offload(|_| ()).key(key))
             .await
             .unwrap();
     }
-    let grew = LIVE.load(Ordering::SeqCst).saturating_sub(before);
+    let grew = counted::live_bytes().saturating_sub(before);
     println!("{KEYS} keys one at a time: {grew} bytes kept");
     assert!(grew < 64 * 1024, "{grew} bytes kept for {KEYS} keys gone");
     gate.open();

@@ -21,11 +21,7 @@ fn job(
     hold: &Hold,
     started: &tokio::sync::mpsc::UnboundedSender<String>,
 ) -> JobHandle<bool> {
-    let (hold, started) = (hold.clone(), started.clone());
-    let mut o = pool.offload(move |stop| {
-        started.send(label).expect("test alive");
-        hold.wait_or_stop(stop)
-    });
+    let mut o = pool.offload(gated_or_stop(hold, started, label));
     if let Some(key) = key {
         o = o.key(key);
     }
@@ -518,18 +514,12 @@ async fn events_and_reports_carry_the_key() {
     let (gate, hold) = gate();
     let (tx, mut started) = signal();
     // Ignores its stop token: still running when `close` gives up on it.
-    let running = {
-        let (hold, tx) = (hold.clone(), tx.clone());
-        pool.offload(move |_| {
-            tx.send("a0".to_owned()).unwrap();
-            hold.wait();
-            true
-        })
+    let running = pool
+        .offload(gated(&hold, &tx, "a0".to_owned(), |_| true))
         .key("tenant-a")
         .name("a0")
         .spawn()
-        .unwrap()
-    };
+        .unwrap();
     recv("a0", &mut started).await;
     let queued = pool.offload(|_| true).key(7u64).spawn().unwrap();
     let plain = pool.offload(|_| true).spawn().unwrap();
@@ -578,14 +568,7 @@ async fn batch_calls_take_a_key_and_limiters() {
     let (gate1, hold) = gate();
     let (tx, mut started) = signal();
     let fs: Vec<_> = (0..6)
-        .map(|i| {
-            let (hold, tx) = (hold.clone(), tx.clone());
-            move |_: &offloader::StopToken| {
-                tx.send(format!("job {i}")).unwrap();
-                hold.wait();
-                i
-            }
-        })
+        .map(|i| gated(&hold, &tx, format!("job {i}"), move |_| i))
         .collect();
     let all = tokio::spawn(std::future::IntoFuture::into_future(
         pool.invoke_all(fs).key("k"),
@@ -648,18 +631,7 @@ async fn invoke_any_takes_a_key_and_limiters() {
     let (gate, hold) = gate();
     let (tx, mut started) = signal();
     let fs: Vec<_> = (0..3)
-        .map(|i| {
-            let (hold, tx) = (hold.clone(), tx.clone());
-            move |_: &offloader::StopToken| {
-                tx.send(i).unwrap();
-                hold.wait();
-                if i == 0 {
-                    Err(i)
-                } else {
-                    Ok(i)
-                }
-            }
-        })
+        .map(|i| gated(&hold, &tx, i, move |_| if i == 0 { Err(i) } else { Ok(i) }))
         .collect();
     let race = tokio::spawn(std::future::IntoFuture::into_future(
         pool.invoke_any(fs).key("replica").limiter(&l),

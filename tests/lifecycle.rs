@@ -39,14 +39,12 @@ async fn graceful_shutdown_finishes_running_and_queued_jobs_then_terminates() {
 
     let mut handles = Vec::new();
     for i in 0..N {
-        let (g, tx, ran) = (hold.clone(), started_tx.clone(), ran.clone());
+        let ran = ran.clone();
         let h = pool
-            .offload(move |_stop| {
-                let _ = tx.send(i);
-                g.wait();
+            .offload(gated(&hold, &started_tx, i, move |_| {
                 ran.fetch_add(1, Ordering::SeqCst);
                 i * 10
-            })
+            }))
             .name(format!("graceful-{i}"))
             .spawn()
             .expect("the queue has room");
@@ -370,16 +368,13 @@ async fn idle_during_normal_operation_means_every_accepted_job_is_terminal() {
 
     let mut handles = Vec::new();
     for i in 0..N {
-        let (g, tx) = (hold.clone(), started_tx.clone());
         handles.push(
-            pool.offload(move |_stop| {
-                let _ = tx.send(());
-                g.wait();
+            pool.offload(gated(&hold, &started_tx, (), move |_| {
                 if i == 3 {
                     panic!("idle test panic");
                 }
                 i
-            })
+            }))
             .spawn()
             .expect("room"),
         );
@@ -582,13 +577,10 @@ async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
         .spawn()
         .expect("room");
     // Running job 2 ignores its token and waits on the gate.
-    let (g, tx) = (hold.clone(), started_tx.clone());
     let stubborn = pool
-        .offload(move |stop| {
-            let _ = tx.send("stubborn");
-            g.wait();
+        .offload(gated(&hold, &started_tx, "stubborn", |stop| {
             stop.is_stopped()
-        })
+        }))
         .name("stubborn")
         .spawn()
         .expect("room");
@@ -836,16 +828,13 @@ async fn staged_close_that_finishes_in_the_graceful_stage() {
     let (started_tx, mut started) = signal::<()>();
     let mut handles = Vec::new();
     for i in 0..N {
-        let (g, tx) = (hold.clone(), started_tx.clone());
         handles.push(
-            pool.offload(move |_stop| {
-                let _ = tx.send(());
-                g.wait();
+            pool.offload(gated(&hold, &started_tx, (), move |_| {
                 if i == 4 {
                     panic!("close test panic");
                 }
                 i
-            })
+            }))
             .spawn()
             .expect("room"),
         );
@@ -897,12 +886,9 @@ async fn running_jobs_reports_name_stop_request_and_waiting_owner() {
     let (gate, hold) = gate();
     let (started_tx, mut started) = signal::<()>();
 
-    let (g, tx) = (hold.clone(), started_tx.clone());
+    // Ignores its stop token.
     let h = pool
-        .offload(move |_stop| {
-            let _ = tx.send(());
-            g.wait(); // ignores the token
-        })
+        .offload(gated(&hold, &started_tx, (), |_| ()))
         .name("watched")
         .spawn()
         .expect("room");
@@ -987,22 +973,14 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
     let (gate_b, hold_b) = gate();
     let (started_tx, mut started) = signal::<&'static str>();
 
-    let (g, tx) = (hold_a.clone(), started_tx.clone());
     let a = pool
-        .offload(move |_stop| {
-            let _ = tx.send("a");
-            g.wait();
-        })
+        .offload(gated(&hold_a, &started_tx, "a", |_| ()))
         .spawn()
         .expect("room");
     assert_eq!(recv("a function started", &mut started).await, "a");
-    let (g, tx) = (hold_b.clone(), started_tx.clone());
     let b_accepted = Instant::now();
     let b = pool
-        .offload(move |_stop| {
-            let _ = tx.send("b");
-            g.wait();
-        })
+        .offload(gated(&hold_b, &started_tx, "b", |_| ()))
         .name("b")
         .spawn()
         .expect("room");

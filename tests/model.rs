@@ -90,6 +90,7 @@ use proptest::prelude::*;
 // Not a glob: this file's SHORT (1 ms) is its own.
 use support::{
     builder, gate, poll_once, quiet_deliberate_panics, threads_named, try_within, Gate, Hold, HANG,
+    ON_PURPOSE,
 };
 
 /// A caller time-out that fires while the job waits on a closed gate.
@@ -104,9 +105,6 @@ const SETTLE: Duration = Duration::from_secs(10);
 /// The most a barrier function waits for its group: past every test-side
 /// bound, yet finite.
 const BARRIER_LIMIT: Duration = Duration::from_secs(60);
-/// Message of the deliberate panics; it says `support::ON_PURPOSE`, so the
-/// panic hook keeps them quiet.
-const PANIC_MARK: &str = "model panic on purpose";
 
 // ---------------------------------------------------------------------------
 // Operations
@@ -1448,7 +1446,7 @@ fn make_func(kind: Kind, tag: usize, probe: Arc<Probe>, held: Option<Held>) -> F
     Box::new(move |stop: &StopToken| {
         let _inside = probe.enter(tag);
         match (kind, held) {
-            (Kind::Panics, _) => panic!("{PANIC_MARK} {tag}"),
+            (Kind::Panics, _) => panic!("{ON_PURPOSE} {tag}"),
             (Kind::Gated, Some(Held::Plain(h))) => {
                 h.wait_or_stop(stop);
             }
@@ -1559,7 +1557,7 @@ fn answer_tag(got: &Result<Val, BatchError<Val>>) -> Option<usize> {
     match got {
         Ok(v) | Err(BatchError::Failed(v)) => Some(v.tag),
         Err(BatchError::Job(Error::Panicked { message, .. })) => {
-            message.strip_prefix(PANIC_MARK)?.trim_start().parse().ok()
+            message.strip_prefix(ON_PURPOSE)?.trim_start().parse().ok()
         }
         _ => None,
     }
@@ -1773,7 +1771,7 @@ impl Harness {
         let ok = match &self.model.jobs[tag].st {
             St::Completed(v) => matches!(got, Ok(g) if g == v),
             St::Panicked => {
-                matches!(got, Err(Error::Panicked { message, .. }) if *message == format!("{PANIC_MARK} {tag}"))
+                matches!(got, Err(Error::Panicked { message, .. }) if *message == format!("{ON_PURPOSE} {tag}"))
                     && text.contains("panicked")
                     && text.contains("worker survived")
                     && text.contains("permit was released")

@@ -324,14 +324,12 @@ async fn an_ended_wait_for_an_own_queued_job_no_longer_counts() {
         let (tx, mut started) = signal();
         let waiters: Vec<_> = (0..2)
             .map(|i| {
-                let (p, hold, tx) = (pool.clone(), hold.clone(), tx.clone());
-                pool.offload(move |_| {
-                    tx.send(()).unwrap();
-                    // Both permits held from here: the inner job queues.
-                    hold.wait();
+                let p = pool.clone();
+                // Both permits held once the gate opens: the inner job queues.
+                pool.offload(gated(&hold, &tx, (), move |_| {
                     let inner = p.offload(move |_| i).spawn().unwrap();
                     inner.blocking_wait().map_err(|e| e.to_string())
-                })
+                }))
                 .spawn()
                 .unwrap()
             })
@@ -474,13 +472,9 @@ async fn shutdown_now_drains_in_chunks_and_nothing_starts_meanwhile() {
     let (tx, mut started) = signal();
     let running: Vec<_> = (0..2)
         .map(|_| {
-            let (hold, tx) = (hold.clone(), tx.clone());
-            pool.offload(move |_| {
-                tx.send(()).unwrap();
-                hold.wait();
-            })
-            .spawn()
-            .expect("accepted")
+            pool.offload(gated(&hold, &tx, (), |_| ()))
+                .spawn()
+                .expect("accepted")
         })
         .collect();
     recv("the first permit's job", &mut started).await;

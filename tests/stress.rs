@@ -161,22 +161,6 @@ async fn cancel_racing_start_exactly_one_wins_for_every_job() {
     );
 }
 
-/// A tiny deterministic generator, so a failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn policy(r: u64) -> AbandonPolicy {
     match r % 3 {
         0 => AbandonPolicy::Keep,
@@ -194,7 +178,7 @@ async fn ledger_and_limit_hold_under_a_randomized_mix() {
     let conc = Concurrency::default();
     let done = Arc::new(AtomicBool::new(false));
     let snapshots = spawn_snapshotter(pool.clone(), LIMIT, done.clone());
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut tasks = tokio::task::JoinSet::new();
     quiet_deliberate_panics();
 

@@ -19,39 +19,8 @@ use support::*;
 const MAX_IN_FLIGHT: u64 = 4;
 const QUEUE_CAPACITY: u64 = 64;
 const JOBS: usize = 4_000;
-/// Message of the deliberate panics; contains `support::ON_PURPOSE`, so the
-/// panic hook keeps them quiet.
-const PANIC_MARK: &str = "stress-mix panic on purpose";
 /// Most caller tasks alive at once.
 const OUTSTANDING: usize = 96;
-
-/// xorshift64*: tiny, seeded, good enough to pick among a handful of cases.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        // Never zero (xorshift's fixed point).
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform-ish in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// What the function does.
 #[derive(Clone, Copy, Debug)]
@@ -105,7 +74,8 @@ fn body(
             }
             Ok(idx)
         }
-        Work::Panic => panic!("{PANIC_MARK} {idx}"),
+        // `ON_PURPOSE` keeps the panic hook quiet.
+        Work::Panic => panic!("{ON_PURPOSE} {idx}"),
     }
 }
 
@@ -131,7 +101,7 @@ fn classify(idx: usize, r: Result<Result<usize, Stopped>, Error>) -> Result<Seen
         Ok(Ok(v)) if v != idx => return Err(format!("job {idx}: got the value of job {v}")),
         Ok(v) => Seen::Returned(v),
         Err(Error::Panicked { message, .. }) => {
-            if !message.contains(PANIC_MARK) {
+            if *message != format!("{ON_PURPOSE} {idx}") {
                 return Err(format!("job {idx}: unexpected panic message {message:?}"));
             }
             Seen::Panicked

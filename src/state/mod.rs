@@ -196,7 +196,7 @@ pub(crate) enum Worker {
     Busy,
 }
 
-/// The counters behind [`Metrics`]; changed only under the lock (S3).
+/// The counters behind [`Metrics`](crate::Metrics); changed only under the lock (S3).
 #[derive(Default)]
 struct Counts {
     accepted: u64,

@@ -208,6 +208,37 @@ pub(crate) fn recv_blocking<T>(what: &str, rx: &mut UnboundedReceiver<T>) -> T {
         .block_on(recv(what, rx))
 }
 
+/// The function of a job held at its start: it sends `label` on `started`
+/// when it runs (ignored once the test no longer listens), waits until
+/// `hold`'s gate opens, ignoring its stop token, then returns `then(stop)`.
+pub(crate) fn gated<L: Send + 'static, T>(
+    hold: &Hold,
+    started: &UnboundedSender<L>,
+    label: L,
+    then: impl FnOnce(&StopToken) -> T + Send + 'static,
+) -> impl FnOnce(&StopToken) -> T + Send + 'static {
+    let (hold, started) = (hold.clone(), started.clone());
+    move |stop| {
+        let _ = started.send(label);
+        hold.wait();
+        then(stop)
+    }
+}
+
+/// [`gated`], for a job that also ends when stop is requested: it returns
+/// whether it was stopped ([`Hold::wait_or_stop`]).
+pub(crate) fn gated_or_stop<L: Send + 'static>(
+    hold: &Hold,
+    started: &UnboundedSender<L>,
+    label: L,
+) -> impl FnOnce(&StopToken) -> bool + Send + 'static {
+    let (hold, started) = (hold.clone(), started.clone());
+    move |stop| {
+        let _ = started.send(label);
+        hold.wait_or_stop(stop)
+    }
+}
+
 /// A flag, false until a function sets it (clone it into the function).
 pub(crate) fn flag() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
@@ -300,14 +331,10 @@ pub(crate) async fn occupy(pool: &Offloader, permits: usize) -> Occupied {
     let (tx, mut rx) = signal();
     let handles = (0..permits)
         .map(|_| {
-            let (tx, hold) = (tx.clone(), hold.clone());
-            pool.offload(move |_stop| {
-                tx.send(()).expect("test alive");
-                hold.wait();
-            })
-            .name("blocker")
-            .spawn()
-            .expect("blocker accepted")
+            pool.offload(gated(&hold, &tx, (), |_| ()))
+                .name("blocker")
+                .spawn()
+                .expect("blocker accepted")
         })
         .collect();
     for _ in 0..permits {
@@ -420,6 +447,129 @@ pub(crate) fn sleeping_threads_named(name: &str) -> usize {
         .iter()
         .filter(|stat| stat_fields(stat).first() == Some(&"S"))
         .count()
+}
+
+// ---------------------------------------------------------------------------
+// Counting allocations
+
+/// Makes this test binary's global allocator one that counts (each binary
+/// has its own, hence a macro), in a module `counted`:
+/// `counted::allocations_of(f)` runs `f` and gives the allocations
+/// (`alloc` and `realloc` calls) it made on its thread, and
+/// `counted::live_bytes()` the bytes allocated and not yet freed in the
+/// whole process.
+#[allow(unused_macros)]
+macro_rules! counting_allocator {
+    () => {
+        mod counted {
+            use std::alloc::{GlobalAlloc, Layout, System};
+            use std::cell::Cell;
+            use std::sync::atomic::{AtomicIsize, Ordering};
+
+            struct Counting;
+
+            thread_local! {
+                /// Allocations made on this thread while `COUNTING` is set.
+                static MADE: Cell<u64> = const { Cell::new(0) };
+                static COUNTING: Cell<bool> = const { Cell::new(false) };
+            }
+
+            /// Bytes allocated and not yet freed, in the whole process.
+            static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+            fn count_call() {
+                let _ = COUNTING.try_with(|on| {
+                    if on.get() {
+                        MADE.with(|m| m.set(m.get() + 1));
+                    }
+                });
+            }
+
+            // SAFETY: defers to the system allocator; only counts, in an
+            // atomic and in thread-locals that need no allocation
+            // (const-initialised `Cell`s).
+            unsafe impl GlobalAlloc for Counting {
+                unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                    count_call();
+                    LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+                    // SAFETY: the caller's contract is System's.
+                    unsafe { System.alloc(layout) }
+                }
+
+                unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                    LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+                    // SAFETY: the caller's contract is System's.
+                    unsafe { System.dealloc(ptr, layout) }
+                }
+
+                unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                    count_call();
+                    // SAFETY: the caller's contract is System's.
+                    let moved = unsafe { System.realloc(ptr, layout, new_size) };
+                    if !moved.is_null() {
+                        let grew = new_size as isize - layout.size() as isize;
+                        LIVE.fetch_add(grew, Ordering::Relaxed);
+                    }
+                    moved
+                }
+            }
+
+            #[global_allocator]
+            static ALLOCATOR: Counting = Counting;
+
+            /// Runs `f`; gives what it returned and the allocations it made
+            /// on this thread.
+            #[allow(dead_code)]
+            pub(crate) fn allocations_of<R>(f: impl FnOnce() -> R) -> (R, u64) {
+                let before = MADE.with(Cell::get);
+                COUNTING.with(|on| on.set(true));
+                let r = f();
+                COUNTING.with(|on| on.set(false));
+                (r, MADE.with(Cell::get) - before)
+            }
+
+            /// Bytes allocated and not yet freed, in the whole process.
+            #[allow(dead_code)]
+            pub(crate) fn live_bytes() -> isize {
+                LIVE.load(Ordering::SeqCst)
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use counting_allocator;
+
+// ---------------------------------------------------------------------------
+// Randomized tests
+
+/// xorshift64*: a tiny seeded generator, so that a failure can be replayed;
+/// good enough to pick among a handful of cases.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        // Never zero (xorshift's fixed point).
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// `true` with a chance of `percent` in 100.
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
 }
 
 // ---------------------------------------------------------------------------

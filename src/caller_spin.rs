@@ -39,21 +39,25 @@ pub(crate) struct CallerSpin {
     /// Spins in a row that found no outcome, then awaits since callers
     /// stopped spinning (from [`MISSES`] on).
     misses: Padded<AtomicU32>,
+    /// Whether the pool's fast layer is on ([`crate::config::Config::fast`]).
+    enabled: bool,
 }
 
 impl CallerSpin {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(enabled: bool) -> Self {
         CallerSpin {
             recent_run_ns: Padded(AtomicU64::new(1_000_000)),
             misses: Padded(AtomicU32::new(0)),
+            enabled,
         }
     }
 
     /// How long an awaiting caller may spin now: zero when recent jobs
     /// were not short, when spins have stopped paying (but for a probe),
-    /// and under loom, whose scheduler cannot preempt a spin loop.
+    /// without the fast layer, and under loom, whose scheduler cannot
+    /// preempt a spin loop.
     pub(crate) fn budget(&self) -> Duration {
-        if !crate::sync::SPIN {
+        if !self.enabled || !crate::sync::SPIN {
             return Duration::ZERO;
         }
         // ORDERING: hints; no proof rests on them.
@@ -106,7 +110,7 @@ mod tests {
     use super::*;
 
     fn short_jobs() -> CallerSpin {
-        let spin = CallerSpin::new();
+        let spin = CallerSpin::new(true);
         for _ in 0..200 {
             spin.note_run_time(Duration::from_nanos(500));
         }
@@ -165,7 +169,7 @@ mod tests {
 
     #[test]
     fn long_jobs_are_not_spun_for() {
-        let spin = CallerSpin::new();
+        let spin = CallerSpin::new(true);
         assert!(spin.budget().is_zero(), "starts at 1 ms");
         let budget = short_jobs().budget();
         assert!(

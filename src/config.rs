@@ -62,9 +62,13 @@ pub(crate) struct Config {
     /// The process-wide pool, which ignores shutdown requests.
     pub(crate) global: bool,
     pub(crate) key_limits: KeyLimits,
-    /// Plain jobs may pass the intake (intake.rs). Off under loom unless a
-    /// model turns it on (the models of the locked path stay as they were).
-    pub(crate) intake: bool,
+    /// The fast layer: the lock-free intake for plain jobs, next-job
+    /// chaining in a finishing worker, and the worker's and the awaiting
+    /// caller's short spins. The locked core is complete without it.
+    /// Off under loom unless a model turns it on, and off everywhere when
+    /// the crate is built with `--cfg offloader_plain` (CI runs the whole
+    /// test suite both ways).
+    pub(crate) fast: bool,
 }
 
 impl Default for Builder {
@@ -82,18 +86,18 @@ impl Default for Builder {
                 observer_lag: DEFAULT_OBSERVER_LAG,
                 global: false,
                 key_limits: KeyLimits::default(),
-                intake: cfg!(not(loom)),
+                fast: cfg!(not(any(loom, offloader_plain))),
             },
         }
     }
 }
 
 impl Builder {
-    /// Turns the intake (intake.rs) on or off: for loom models and tests
-    /// of both doors.
+    /// Turns the fast layer ([`Config::fast`]) on or off: for loom models
+    /// and tests of both doors.
     #[cfg(any(test, loom))]
-    pub(crate) fn intake(mut self, on: bool) -> Self {
-        self.config.intake = on;
+    pub(crate) fn fast(mut self, on: bool) -> Self {
+        self.config.fast = on;
         self
     }
 

@@ -20,7 +20,7 @@ fn held(intake: bool) -> (Offloader, mpsc::Sender<()>, JobHandle<()>) {
         Offloader::builder()
             .max_in_flight(1)
             .queue_capacity(4)
-            .intake(intake),
+            .fast(intake),
     )
 }
 
@@ -44,6 +44,7 @@ fn held_in(builder: crate::Builder) -> (Offloader, mpsc::Sender<()>, JobHandle<(
 fn the_intake_opens_once_a_worker_lives_and_closes_at_shutdown() {
     let pool = Offloader::builder()
         .max_in_flight(1)
+        .fast(true)
         .build()
         .expect("valid");
     assert!(closed(&pool), "no worker yet: the first job takes the lock");
@@ -62,6 +63,7 @@ fn the_intake_opens_once_a_worker_lives_and_closes_at_shutdown() {
 fn the_ring_is_made_by_the_first_job_through_the_intake() {
     let pool = Offloader::builder()
         .max_in_flight(1)
+        .fast(true)
         .build()
         .expect("valid");
     let intake = || pool.inner().intake.as_ref().expect("an intake");
@@ -163,7 +165,12 @@ fn a_caller_waiting_for_room_closes_the_intake_until_it_leaves() {
 /// intake, waits for that job, and judges on the exact queue.
 #[test]
 fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
-    let (pool, go, blocker) = held_in(Offloader::builder().max_in_flight(2).queue_capacity(1));
+    let (pool, go, blocker) = held_in(
+        Offloader::builder()
+            .max_in_flight(2)
+            .queue_capacity(1)
+            .fast(true),
+    );
     // A submitter at the intake, between its reservation and its push.
     let inner = pool.inner();
     assert!(inner.queue_count.reserve_at_intake(1));

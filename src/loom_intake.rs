@@ -48,7 +48,7 @@ impl Gate {
 /// A one-permit pool with its intake on, whose worker lives (the intake
 /// opens once one does): its first job went through the lock and ran.
 fn warm_pool() -> Offloader {
-    let pool = match Offloader::builder().max_in_flight(1).intake(true).build() {
+    let pool = match Offloader::builder().max_in_flight(1).fast(true).build() {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
     };
@@ -96,7 +96,7 @@ fn intake_vs_parking_worker() {
 #[test]
 fn intake_vs_a_searcher_taking_a_job() {
     loom::model(|| {
-        let pool = match Offloader::builder().max_in_flight(2).intake(true).build() {
+        let pool = match Offloader::builder().max_in_flight(2).fast(true).build() {
             Ok(p) => p,
             Err(e) => panic!("{e}"),
         };

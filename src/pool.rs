@@ -93,7 +93,8 @@ impl Offloader {
         let observed = config.observer.is_some();
         let doorbell = observed.then(|| crossbeam_channel::bounded(1));
         // No observer, no stuck-job monitor: both are the locked path's.
-        let fast = config.intake && !observed && config.stuck_after.is_none();
+        let fast_layer = config.fast;
+        let fast = config.fast && !observed && config.stuck_after.is_none();
         let intake =
             fast.then(|| std::sync::Arc::new(crate::intake::Intake::new(config.queue_capacity)));
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
@@ -116,7 +117,7 @@ impl Offloader {
                 changed: Condvar::new(),
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
-                caller_spin: crate::caller_spin::CallerSpin::new(),
+                caller_spin: crate::caller_spin::CallerSpin::new(fast_layer),
                 spinner: Padded(std::sync::atomic::AtomicBool::new(false)),
                 doorbell,
                 clock_holds: std::sync::Arc::new(crate::clock::ClockHolds::new({
@@ -296,11 +297,7 @@ impl Inner {
         if find_worker {
             self.find_worker_for_lanes();
         }
-        if !unpark.is_empty() {
-            for worker in unpark {
-                worker.unpark();
-            }
-        }
+        unpark.unpark();
         match room {
             Room::None => {}
             Room::One => {

@@ -133,7 +133,7 @@ impl Inner {
                     || core.membership().is_some()
                     || core.waker_hint()
                     || !core.caller_waiting();
-                if !foreign_next {
+                if self.config.fast && !foreign_next {
                     following = s.start(now, &mut after);
                 }
                 if following.is_none() && !user_code {
@@ -230,7 +230,17 @@ impl Inner {
             }
             // ORDERING: a hint (one spinner at a time); `claim_spin` decides.
             let other_spins = self.spinner.load(StdOrdering::Relaxed);
-            if crate::sync::SPIN && !spun && (searching || s.searching() == 0) && !other_spins {
+            let spin = self.config.fast
+                && crate::sync::SPIN
+                && !spun
+                && (searching || s.searching() == 0)
+                && !other_spins;
+            // The work left for after the lock (wakers among it) runs
+            // before this worker parks, never while it is counted as
+            // parked: a waker that offloads a job and waits for it would
+            // claim this worker, which would run the job only after the
+            // waker returned.
+            if spin || !after.is_empty() {
                 if !searching {
                     s.begin_search();
                     searching = true;
@@ -242,11 +252,11 @@ impl Inner {
                 searching = crate::sync::take_searching_mark(self.addr(), searching);
                 // Claimed after the foreign code `after` may run, so that
                 // the flag is never held across it.
-                if self.claim_spin() {
+                if spin && self.claim_spin() {
                     self.spin();
                     self.spinner.store(false, StdOrdering::Release);
                 }
-                spun = true;
+                spun |= spin;
                 s = self.lock();
                 continue;
             }
@@ -267,7 +277,7 @@ impl Inner {
                 continue;
             }
             drop(s);
-            self.after(std::mem::take(&mut after));
+            debug_assert!(after.is_empty(), "run before parking");
             loop {
                 park_timeout(period.saturating_sub(parked_at.elapsed()));
                 s = self.lock();

@@ -113,7 +113,7 @@ use crate::sync::{thread, Arc};
 #[derive(Default)]
 pub(crate) struct After {
     /// Claimed parked workers to unpark.
-    pub(crate) unpark: Vec<thread::Thread>,
+    pub(crate) unpark: Unpark,
     /// Callers waiting for room to wake.
     pub(crate) room: Room,
     /// The pool may have become idle or terminated and somebody waits.
@@ -166,6 +166,35 @@ impl After {
             || self.settled
             || !self.idle_groups.is_empty()
             || !self.limiter_wakes.is_empty()
+    }
+}
+
+/// Claimed parked workers to unpark after unlocking. Usually one (a
+/// submitter's or a starting worker's claim), kept without allocating; all
+/// of them at a shutdown.
+#[derive(Default)]
+pub(crate) struct Unpark {
+    first: Option<thread::Thread>,
+    rest: Vec<thread::Thread>,
+}
+
+impl Unpark {
+    pub(crate) fn push(&mut self, worker: thread::Thread) {
+        match self.first {
+            None => self.first = Some(worker),
+            Some(_) => self.rest.push(worker),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Unparks them all.
+    pub(crate) fn unpark(self) {
+        for worker in self.first.into_iter().chain(self.rest) {
+            worker.unpark();
+        }
     }
 }
 

@@ -836,15 +836,22 @@ impl Drop for OffloadsOnDrop {
 /// waits for it hung for good at two permits or more. The dropping worker
 /// was already counted as searching, so the new job woke no other worker,
 /// and the one "searching" was blocked in the drop. A worker now counts as
-/// searching only once no drop or subscriber is left to run on it.
+/// searching only once no drop or subscriber is left to run on it. The
+/// function returns only once its handle is detached: a result published
+/// before would be dropped with the handle, on the test's thread.
 #[test]
 fn a_result_dropped_by_the_worker_may_offload_to_its_pool_and_wait() {
     waits_from_the_worker_end(|pool, sent| {
         let again = pool.clone();
-        pool.offload(move |_| OffloadsOnDrop(again, sent))
-            .spawn()
-            .expect("room")
-            .detach();
+        let (open, hold) = gate();
+        pool.offload(move |_| {
+            hold.wait();
+            OffloadsOnDrop(again, sent)
+        })
+        .spawn()
+        .expect("room")
+        .detach();
+        open.open();
         None
     });
 }

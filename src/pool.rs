@@ -159,16 +159,20 @@ impl Offloader {
         }
     }
 
-    /// Test hook: the next `n` worker-thread spawns fail as if the OS had
-    /// refused them (`EAGAIN`).
+    /// Test hook (feature `test-hooks`, for this crate's own tests; not
+    /// part of the API): the next `n` worker-thread spawns fail as if the
+    /// OS had refused them (`EAGAIN`).
     #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn __fail_next_thread_spawns(&self, n: usize) {
         self.inner().lock().inject_spawn_failures(n);
     }
 
-    /// Test hook: the next `n` spawns of the observer's delivery thread fail
-    /// as if the OS had refused them (`EAGAIN`).
+    /// Test hook (feature `test-hooks`, as above): the next `n` spawns of
+    /// the observer's delivery thread fail as if the OS had refused them
+    /// (`EAGAIN`).
     #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn __fail_next_delivery_spawns(&self, n: usize) {
         self.inner().lock().inject_delivery_spawn_failures(n);
     }

@@ -109,6 +109,7 @@ impl State {
         true
     }
 
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn inject_spawn_failures(&mut self, n: usize) {
         self.inject_spawn_failures = n;
     }
@@ -123,6 +124,7 @@ impl State {
         true
     }
 
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn inject_delivery_spawn_failures(&mut self, n: usize) {
         self.inject_delivery_spawn_failures = n;
     }

@@ -127,18 +127,44 @@ where
         Offload::with_options(pool, func, Options::default())
     }
 
-    /// Cancels the job if it is still queued, or sets its stop token if it
-    /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
-    /// async cancellation reaches this one blocking job. The watch ends when
-    /// the job's function has run or been dropped, and holds nothing alive
-    /// but the pool meanwhile. The watch is a task on one thread the
-    /// process shares for all such watches however many jobs wait (started
-    /// by the first), not on the caller's runtime, so it goes on after that
-    /// runtime is dropped; the stop it fires runs on a thread of that
-    /// runtime's blocking pool, so a stop callback that blocks holds no
-    /// other watch. A job that starts after the token's cancellation but
-    /// before the watch sees it has its stop token set instead. The function is wrapped: a refused offload hands
-    /// back the wrapper, which still runs it.
+    /// Makes the job follow `token` (feature `tokio-util`): when it is
+    /// cancelled, the job is cancelled if it is still queued, or asked to
+    /// stop if it runs, so that a tree of async cancellation reaches this
+    /// one blocking job. Call it once per token: the job follows every
+    /// token it is given, and the first one cancelled acts.
+    ///
+    /// What the job sees depends on when the token is cancelled:
+    ///
+    /// - **Before the job is accepted** (before `spawn` or `submit` returns,
+    ///   or while a caller waits for room): the job never runs. It is
+    ///   accepted and cancelled in one step, taking no place in the queue
+    ///   (its owner sees [`Error::Cancelled`](crate::Error::Cancelled)); a
+    ///   caller waiting for room stops waiting, and if the only thing that
+    ///   held it back was an observer's lag, its job is refused
+    ///   ([`Rejected::ObserverBehind`]), the function handed back.
+    /// - **While it is queued:** it is cancelled shortly after, by the
+    ///   process's watch thread, and never runs.
+    /// - **While it starts** (a worker takes it before the watch acts): it
+    ///   runs, with its stop token set as it starts or just after: a
+    ///   function that checks [`StopToken::is_stopped`] or sleeps on it
+    ///   sees the stop.
+    /// - **While it runs:** its stop token is set and its
+    ///   [`on_stop`](StopToken::on_stop) callbacks run; the function
+    ///   decides when to return, and keeps its permit until then.
+    /// - **After its function has run or been dropped:** nothing; the watch
+    ///   has ended, and holds nothing of the job.
+    ///
+    /// The token is followed whatever becomes of the job's handle: dropping
+    /// it (or never keeping it) changes nothing above. Every watch of the
+    /// process is a task on one shared thread, not on the caller's runtime
+    /// (it works outside one, and goes on after that runtime is dropped);
+    /// the stops of fired watches run, in the order they fired, on at most
+    /// four threads shared by the process, however many fire at once. A
+    /// stop callback that blocks holds one of them: keep callbacks short, as
+    /// [`on_stop`](StopToken::on_stop) asks.
+    ///
+    /// The function is wrapped: a refused offload hands back the wrapper,
+    /// which still runs it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -146,10 +172,11 @@ where
     /// use std::time::Duration;
     /// use tokio_util::sync::CancellationToken;
     /// let pool = offloader::Offloader::builder().build()?;
-    /// let request = CancellationToken::new();
+    /// let (request, server) = (CancellationToken::new(), CancellationToken::new());
     /// let job = pool
     ///     .offload(|stop| stop.sleep(Duration::from_secs(60)))
-    ///     .stop_on(request.child_token())
+    ///     .stop_on(request.clone())
+    ///     .stop_on(server.clone())
     ///     .spawn()?;
     /// request.cancel();
     /// match job.await {
@@ -160,16 +187,27 @@ where
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "tokio-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
     pub fn stop_on(
         self,
         token: tokio_util::sync::CancellationToken,
     ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
-        let (follow, gone) = crate::interop::Follow::new(token);
-        let func = self.func;
         let mut opts = self.opts;
-        opts.follow = Some(follow);
+        // One guard for all the tokens: the first call makes it.
+        let gone = match &mut opts.follow {
+            Some(follow) => {
+                follow.add(token);
+                None
+            }
+            None => {
+                let (follow, gone) = crate::interop::Follow::new(token);
+                opts.follow = Some(follow);
+                Some(gone)
+            }
+        };
+        let func = self.func;
         let func = move |stop: &StopToken| {
-            // Cancels `gone` when dropped: after the call, or unrun.
+            // Cancels the watch's end when dropped: after the call, or unrun.
             let _gone = gone;
             func(stop)
         };
@@ -327,11 +365,17 @@ where
         // Stands in for the caller's waker in the `Notify` (made at the
         // first wait): see `wait_list::Relay`.
         let mut relay = None;
-        // A job that follows a token stops waiting for room when it is
+        // A job that follows tokens stops waiting for room when one is
         // cancelled: it is then accepted and cancelled at once, without a
-        // place (admission.rs `reserve`).
+        // place (admission.rs `reserve`), or refused if the observer's lag
+        // holds it back.
         #[cfg(feature = "tokio-util")]
-        let follows = self.opts.follow.as_ref().map(crate::interop::Follow::token);
+        let follows = self
+            .opts
+            .follow
+            .as_ref()
+            .map(crate::interop::Follow::tokens)
+            .unwrap_or_default();
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -348,7 +392,22 @@ where
                     return Err(SubmitError::new(reason, back.func));
                 }
                 // Room, or the observer catching up, frees a slot.
-                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => {
+                Err((reason @ (Rejected::Full { .. } | Rejected::ObserverBehind { .. }), back)) => {
+                    // Its token cancelled, the job took no place: only the
+                    // observer's lag refuses it, and it waits no longer (a
+                    // wait that ended at once would retry without end).
+                    #[cfg(feature = "tokio-util")]
+                    if back
+                        .opts
+                        .follow
+                        .as_ref()
+                        .is_some_and(crate::interop::Follow::is_cancelled)
+                    {
+                        inner.count_refusal(&reason);
+                        return Err(SubmitError::new(reason, back.func));
+                    }
+                    #[cfg(not(feature = "tokio-util"))]
+                    let _ = reason;
                     this = back;
                     if plain.is_none() && this.opts.limiters.is_empty() && this.opts.key.is_none() {
                         // Tries again once counted: a free permit signalled
@@ -365,7 +424,7 @@ where
             let relay = relay.get_or_insert_with(std::sync::Arc::default);
             let freed = crate::wait_list::Relayed::new(freed, relay);
             #[cfg(feature = "tokio-util")]
-            let freed = crate::interop::or_cancelled(freed, follows.as_ref());
+            let freed = crate::interop::or_cancelled(freed, &follows);
             match wait_until {
                 None => freed.await,
                 Some(at) => {

@@ -350,6 +350,16 @@ impl StopToken {
 mod tests {
     use super::*;
 
+    /// Held by each test that counts watches: the count is theirs (the
+    /// only tests of this binary that make watches).
+    static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn counting() -> std::sync::MutexGuard<'static, ()> {
+        COUNTING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Tasks alive on the watch runtime.
     fn watches() -> usize {
         watch_runtime()
@@ -389,12 +399,12 @@ mod tests {
         );
     }
 
-    /// A group's watch ends when the group's last handle goes (it does not
-    /// keep the group alive, and no task is left waiting on the token); a
-    /// job's, when its function has run. The only tests of this binary
-    /// that make watches: the count is theirs.
+    /// A group's watch ends when the group has ended (here: its last handle
+    /// gone, with no job; no task is left waiting on the token); a job's,
+    /// when its function has run.
     #[test]
     fn watches_end_with_their_group_or_job() {
+        let _counting = counting();
         let pool = crate::Offloader::builder().build().expect("pool");
         let token = CancellationToken::new();
         let before = watches();
@@ -413,6 +423,63 @@ mod tests {
             assert_eq!(job.blocking_wait().ok(), Some(i));
         }
         eventually("every job's watch ended", || watches() == before);
+        assert!(!token.is_cancelled());
+
+        // A job following three tokens has one watch.
+        let job = pool
+            .offload(|_stop| 3)
+            .stop_on(token.clone())
+            .stop_on(token.child_token())
+            .stop_on(CancellationToken::new())
+            .spawn()
+            .expect("accepted");
+        assert_eq!(job.blocking_wait().ok(), Some(3));
+        eventually("the job's one watch ended", || watches() == before);
+    }
+
+    /// A group's watch holds its record past its last handle while a job
+    /// of the group runs, or a child group lives (a token cancelled then
+    /// still stops them), and ends once the group has ended: the record is
+    /// not kept for good.
+    #[test]
+    fn a_groups_watch_ends_when_the_group_has_ended() {
+        let _counting = counting();
+        let pool = crate::Offloader::builder().build().expect("pool");
+        let token = CancellationToken::new();
+        let before = watches();
+        let groups = || pool.inner().lock().groups_len();
+        let records = groups();
+
+        let group = pool.group().stop_on(token.clone());
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let job = group
+            .offload(move |_stop| {
+                started_tx.send(()).ok();
+                held.recv().ok();
+            })
+            .spawn()
+            .expect("accepted");
+        started.recv().expect("started");
+        drop(group);
+        assert_eq!(
+            watches(),
+            before + 1,
+            "the watch holds on while the job runs"
+        );
+        assert_eq!(groups(), records + 1, "and so does the record");
+        release.send(()).expect("the job waits");
+        job.blocking_wait().expect("ran");
+        eventually("the group's watch ended", || watches() == before);
+        eventually("the record freed", || groups() == records);
+
+        let parent = pool.group().stop_on(token.clone());
+        let child = parent.child();
+        drop(parent);
+        assert_eq!(watches(), before + 1, "the child may still get jobs");
+        drop(child);
+        eventually("the parent's watch ended", || watches() == before);
+        eventually("both records freed", || groups() == records);
         assert!(!token.is_cancelled());
     }
 }

@@ -393,9 +393,10 @@ where
                 }
                 // Room, or the observer catching up, frees a slot.
                 Err((reason @ (Rejected::Full { .. } | Rejected::ObserverBehind { .. }), back)) => {
-                    // Its token cancelled, the job took no place: only the
-                    // observer's lag refuses it, and it waits no longer (a
-                    // wait that ended at once would retry without end).
+                    // Its token cancelled, the job waits no longer (its wait
+                    // would end at once, and retry without end): it takes
+                    // no place, so the next try accepts it unless the
+                    // observer's lag refuses it, as now perhaps.
                     #[cfg(feature = "tokio-util")]
                     if back
                         .opts
@@ -403,8 +404,12 @@ where
                         .as_ref()
                         .is_some_and(crate::interop::Follow::is_cancelled)
                     {
-                        inner.count_refusal(&reason);
-                        return Err(SubmitError::new(reason, back.func));
+                        if matches!(reason, Rejected::ObserverBehind { .. }) {
+                            inner.count_refusal(&reason);
+                            return Err(SubmitError::new(reason, back.func));
+                        }
+                        this = back;
+                        continue;
                     }
                     #[cfg(not(feature = "tokio-util"))]
                     let _ = reason;

@@ -403,3 +403,11 @@ impl GroupRec {
         self.handles == 0 && self.children.is_empty() && self.own_pending == 0
     }
 }
+
+#[cfg(all(test, not(loom)))]
+impl State {
+    /// How many group records the pool keeps (G3).
+    pub(crate) fn groups_len(&self) -> usize {
+        self.groups.len()
+    }
+}

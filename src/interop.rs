@@ -98,7 +98,6 @@ impl JobGroup {
     /// # Ok(()) }
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
-    #[must_use = "stop_on takes the handle and gives it back: dropping it may drop the group's last handle"]
     pub fn stop_on(self, token: CancellationToken) -> JobGroup {
         if token.is_cancelled() {
             self.stop();

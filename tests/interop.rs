@@ -749,3 +749,60 @@ async fn a_job_follows_every_token_it_is_given() {
     })
     .await;
 }
+
+/// Registration takes effect before `stop_on` returns: a token cancelled
+/// already cancels the group's queued job and sets its running job's stop
+/// token before it returns (no wait, no watch), and `stop_on` chains with
+/// `on_drop` either way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_token_stops_a_groups_jobs_before_stop_on_returns() {
+    let pool = pool(1, 16);
+    let group = pool.group().on_drop(offloader::GroupDropPolicy::Stop);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = group
+        .offload(move |stop| {
+            tx.send(()).unwrap();
+            hold.wait_or_stop(stop)
+        })
+        .spawn()
+        .unwrap();
+    recv("running", &mut started).await;
+    let queued = group.offload(|_| ()).spawn().unwrap();
+    let token = CancellationToken::new();
+    token.cancel();
+    let group = group
+        .stop_on(token)
+        .on_drop(offloader::GroupDropPolicy::LetRun);
+    assert_eq!(queued.state(), offloader::JobState::Cancelled);
+    assert!(running.is_stop_requested());
+    assert!(group.is_stopped());
+    assert!(within("the running job", running).await.unwrap());
+}
+
+/// A job follows its tokens whatever becomes of its handle: dropped at
+/// once, the queued job is still cancelled when a token is, and never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_follows_its_token_after_its_handle_is_dropped() {
+    let pool = pool(1, 16);
+    let occupied = occupy(&pool, 1).await;
+    let token = CancellationToken::new();
+    let ran = flag();
+    let r = ran.clone();
+    drop(
+        pool.offload(move |_| r.store(true, std::sync::atomic::Ordering::SeqCst))
+            .stop_on(CancellationToken::new())
+            .stop_on(token.clone())
+            .spawn()
+            .unwrap(),
+    );
+    token.cancel();
+    eventually("the dropped job cancelled", || {
+        pool.metrics().cancelled == 1
+    })
+    .await;
+    occupied.release().await;
+    within("idle", pool.idle()).await;
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    assert_ledger(&pool.metrics());
+}

@@ -108,6 +108,7 @@ impl State {
     /// A `stop_on` watch follows group `key` from now until
     /// [`group_unwatch`](Self::group_unwatch): the record stays (G3).
     /// Returns the list that wakes the watch when the group has ended.
+    #[cfg(feature = "tokio-util")]
     pub(crate) fn group_watch(&mut self, key: Key) -> Option<std::sync::Arc<WaitList>> {
         let g = self.groups.get_mut(key)?;
         g.watches += 1;
@@ -115,6 +116,7 @@ impl State {
     }
 
     /// A watch of group `key` lets go of its record.
+    #[cfg(feature = "tokio-util")]
     pub(crate) fn group_unwatch(&mut self, key: Key, after: &mut After) {
         if let Some(g) = self.groups.get_mut(key) {
             g.watches -= 1;
@@ -125,6 +127,7 @@ impl State {
     /// Whether group `key` has ended: nothing but watches refers to its
     /// record (no handle, no child, no own job unpublished), so nothing of
     /// it is left to stop (G3).
+    #[cfg(feature = "tokio-util")]
     pub(crate) fn group_ended(&self, key: Key) -> bool {
         self.groups.get(key).is_none_or(GroupRec::ended)
     }
@@ -404,7 +407,7 @@ impl GroupRec {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(loom), feature = "tokio-util"))]
 impl State {
     /// How many group records the pool keeps (G3).
     pub(crate) fn groups_len(&self) -> usize {

@@ -22,7 +22,7 @@
 //! 4. **Bounded threads.** Every watch of the process is a task on one
 //!    watch thread ([`watch_runtime`]); the stops that fired watches run on
 //!    at most [`STOP_THREADS`] threads of that runtime's blocking pool,
-//!    in the order they fired, however many fire at once. A stop runs user
+//!    started in the order they fired, however many fire at once. A stop runs user
 //!    code (stop callbacks, the drops of cancelled functions): one that
 //!    blocks holds one of those threads, and only [`STOP_THREADS`] that
 //!    block at once delay the other stops, until one returns. The watches
@@ -58,16 +58,25 @@ impl JobGroup {
     /// and the first one cancelled stops it.
     ///
     /// - **Cancelled already:** the group is stopped before this returns.
-    /// - **Cancelled later:** the group is stopped shortly after, by the
-    ///   process's watch thread (see [`Offload::stop_on`](crate::Offload::stop_on)
-    ///   for where the stop runs), even if every handle to the group has
-    ///   been dropped by then (its jobs go on under the default
-    ///   [`GroupDropPolicy`](crate::GroupDropPolicy), and still follow the
-    ///   token); a job of the group that starts in between has its stop token
-    ///   set as it starts or just after.
+    /// - **Cancelled later:** the group is stopped shortly after, even if
+    ///   every handle to it has been dropped by then (its jobs go on under
+    ///   the default [`GroupDropPolicy`](crate::GroupDropPolicy), and still
+    ///   follow the token); a job of the group that starts in between has
+    ///   its stop token set as it starts or just after.
     /// - **Never cancelled:** the watch ends once the group has ended (its
     ///   last handle dropped, its jobs finished, no child group left); it
     ///   keeps nothing alive past that.
+    ///
+    /// Where it runs (for [`Offload::stop_on`](crate::Offload::stop_on)
+    /// too): every watch of the process is a task on one thread the process
+    /// shares, not on the caller's runtime, so it works outside one and
+    /// goes on after that runtime is dropped. The stops of fired watches run
+    /// on at most four threads the process shares, started in the order
+    /// they fired, however many fire at once. A stop runs user code (stop
+    /// callbacks, the drops of cancelled functions): one that blocks holds
+    /// one of those threads, and four that block at once hold back every
+    /// other stop until one returns. Keep stop callbacks short, as
+    /// [`StopToken::on_stop`] asks.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -133,6 +142,7 @@ impl JobGroup {
         self
     }
 }
+
 /// A watch's hold on a group's record (G3 of `state/groups.rs`): the
 /// group can be stopped through it after its last handle is gone; dropped,
 /// it lets go.
@@ -165,21 +175,19 @@ impl Drop for Gone {
 }
 
 impl Follow {
-    /// A follow of `token`, and the guard the function carries.
-    pub(crate) fn new(token: CancellationToken) -> (Follow, Gone) {
+    /// Adds `token` to those `follow` follows. The first one makes the
+    /// follow, and the one guard the function carries for them all.
+    pub(crate) fn add(follow: &mut Option<Follow>, token: CancellationToken) -> Option<Gone> {
+        if let Some(follow) = follow {
+            follow.tokens.push(token);
+            return None;
+        }
         let gone = CancellationToken::new();
-        (
-            Follow {
-                tokens: vec![token],
-                gone: gone.clone(),
-            },
-            Gone(gone),
-        )
-    }
-
-    /// Follows `token` too.
-    pub(crate) fn add(&mut self, token: CancellationToken) {
-        self.tokens.push(token);
+        *follow = Some(Follow {
+            tokens: vec![token],
+            gone: gone.clone(),
+        });
+        Some(Gone(gone))
     }
 
     /// Whether a followed token is cancelled already.
@@ -187,9 +195,9 @@ impl Follow {
         self.tokens.iter().any(CancellationToken::is_cancelled)
     }
 
-    /// The tokens followed.
-    pub(crate) fn tokens(&self) -> Vec<CancellationToken> {
-        self.tokens.clone()
+    /// The tokens `follow` follows (none without one).
+    pub(crate) fn tokens(follow: Option<&Follow>) -> Vec<CancellationToken> {
+        follow.map_or_else(Vec::new, |f| f.tokens.clone())
     }
 
     /// Starts watching for the accepted job `task` of pool `inner`.

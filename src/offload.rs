@@ -72,6 +72,19 @@ pub(crate) struct Options {
     follow: Option<crate::interop::Follow>,
 }
 
+impl Options {
+    /// Whether the job follows a token cancelled already.
+    fn follows_cancelled(&self) -> bool {
+        #[cfg(feature = "tokio-util")]
+        return self
+            .follow
+            .as_ref()
+            .is_some_and(crate::interop::Follow::is_cancelled);
+        #[cfg(not(feature = "tokio-util"))]
+        false
+    }
+}
+
 /// The entry point lives here, with the [`Offload`] it makes: the pool
 /// module stays below this one.
 impl Offloader {
@@ -127,54 +140,36 @@ where
         Offload::with_options(pool, func, Options::default())
     }
 
-    /// Makes the job follow `token` (feature `tokio-util`): when it is
-    /// cancelled, the job is cancelled if it is still queued, or asked to
-    /// stop if it runs, so that a tree of async cancellation reaches this
-    /// one blocking job. Call it once per token: the job follows every
-    /// token it is given, and the first one cancelled acts.
+    /// Makes the job follow `token` (feature `tokio-util`), so that a tree
+    /// of async cancellation reaches this one blocking job. Call it once
+    /// per token: the job follows each, and the first one cancelled acts,
+    /// by when it is cancelled:
     ///
-    /// What the job sees depends on when the token is cancelled:
+    /// - **before the job is accepted** (before `spawn` or `submit`
+    ///   returns, or while its caller waits for room): it never runs. It is
+    ///   accepted and cancelled at once, taking no place in the queue, or
+    ///   refused ([`Rejected::ObserverBehind`]) if an observer's lag holds
+    ///   admission back; a caller waiting for room stops waiting;
+    /// - **while it is queued:** it is cancelled shortly after, never run;
+    /// - **as it starts** (a worker takes it before the watch acts): it runs
+    ///   with its stop token set, at once or just after;
+    /// - **while it runs:** its stop token is set and its
+    ///   [`on_stop`](StopToken::on_stop) callbacks run; it keeps its permit
+    ///   until it returns;
+    /// - **after its function has run or been dropped:** nothing.
     ///
-    /// - **Before the job is accepted** (before `spawn` or `submit` returns,
-    ///   or while a caller waits for room): the job never runs. It is
-    ///   accepted and cancelled in one step, taking no place in the queue
-    ///   (its owner sees [`Error::Cancelled`](crate::Error::Cancelled)); a
-    ///   caller waiting for room stops waiting, and if the only thing that
-    ///   held it back was an observer's lag, its job is refused
-    ///   ([`Rejected::ObserverBehind`]), the function handed back.
-    /// - **While it is queued:** it is cancelled shortly after, by the
-    ///   process's watch thread, and never runs.
-    /// - **While it starts** (a worker takes it before the watch acts): it
-    ///   runs, with its stop token set as it starts or just after: a
-    ///   function that checks [`StopToken::is_stopped`] or sleeps on it
-    ///   sees the stop.
-    /// - **While it runs:** its stop token is set and its
-    ///   [`on_stop`](StopToken::on_stop) callbacks run; the function
-    ///   decides when to return, and keeps its permit until then.
-    /// - **After its function has run or been dropped:** nothing; the watch
-    ///   has ended, and holds nothing of the job.
-    ///
-    /// The token is followed whatever becomes of the job's handle: dropping
-    /// it (or never keeping it) changes nothing above. Every watch of the
-    /// process is a task on one shared thread, not on the caller's runtime
-    /// (it works outside one, and goes on after that runtime is dropped);
-    /// the stops of fired watches run, in the order they fired, on at most
-    /// four threads shared by the process, however many fire at once. A
-    /// stop callback that blocks holds one of them: keep callbacks short, as
-    /// [`on_stop`](StopToken::on_stop) asks.
-    ///
-    /// The function is wrapped: a refused offload hands back the wrapper,
-    /// which still runs it.
+    /// Dropping the job's handle changes none of this. Where the watch and
+    /// its stop run: [`JobGroup::stop_on`]. A refused offload hands back
+    /// the function wrapped (the wrapper still runs it).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use std::time::Duration;
     /// use tokio_util::sync::CancellationToken;
     /// let pool = offloader::Offloader::builder().build()?;
     /// let (request, server) = (CancellationToken::new(), CancellationToken::new());
     /// let job = pool
-    ///     .offload(|stop| stop.sleep(Duration::from_secs(60)))
+    ///     .offload(|stop| stop.sleep(std::time::Duration::from_secs(60)))
     ///     .stop_on(request.clone())
     ///     .stop_on(server.clone())
     ///     .spawn()?;
@@ -193,18 +188,7 @@ where
         token: tokio_util::sync::CancellationToken,
     ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
         let mut opts = self.opts;
-        // One guard for all the tokens: the first call makes it.
-        let gone = match &mut opts.follow {
-            Some(follow) => {
-                follow.add(token);
-                None
-            }
-            None => {
-                let (follow, gone) = crate::interop::Follow::new(token);
-                opts.follow = Some(follow);
-                Some(gone)
-            }
-        };
+        let gone = crate::interop::Follow::add(&mut opts.follow, token);
         let func = self.func;
         let func = move |stop: &StopToken| {
             // Cancels the watch's end when dropped: after the call, or unrun.
@@ -367,15 +351,9 @@ where
         let mut relay = None;
         // A job that follows tokens stops waiting for room when one is
         // cancelled: it is then accepted and cancelled at once, without a
-        // place (admission.rs `reserve`), or refused if the observer's lag
-        // holds it back.
+        // place (admission.rs `reserve`), or refused for the observer's lag.
         #[cfg(feature = "tokio-util")]
-        let follows = self
-            .opts
-            .follow
-            .as_ref()
-            .map(crate::interop::Follow::tokens)
-            .unwrap_or_default();
+        let follows = crate::interop::Follow::tokens(self.opts.follow.as_ref());
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -384,35 +362,18 @@ where
             freed.as_mut().enable();
             match this.try_accept(began) {
                 Ok(handle) => return Ok(handle),
-                // The observer itself cannot wait for its own lag to drop.
+                // The observer itself cannot wait for its own lag to drop,
+                // nor a job whose token is cancelled (it takes no place, so
+                // only the lag holds it back, and its wait would end at
+                // once, to retry without end).
                 Err((reason @ Rejected::ObserverBehind { .. }, back))
-                    if inner.is_delivery_thread() =>
+                    if inner.is_delivery_thread() || back.opts.follows_cancelled() =>
                 {
                     inner.count_refusal(&reason);
                     return Err(SubmitError::new(reason, back.func));
                 }
                 // Room, or the observer catching up, frees a slot.
-                Err((reason @ (Rejected::Full { .. } | Rejected::ObserverBehind { .. }), back)) => {
-                    // Its token cancelled, the job waits no longer (its wait
-                    // would end at once, and retry without end): it takes
-                    // no place, so the next try accepts it unless the
-                    // observer's lag refuses it, as now perhaps.
-                    #[cfg(feature = "tokio-util")]
-                    if back
-                        .opts
-                        .follow
-                        .as_ref()
-                        .is_some_and(crate::interop::Follow::is_cancelled)
-                    {
-                        if matches!(reason, Rejected::ObserverBehind { .. }) {
-                            inner.count_refusal(&reason);
-                            return Err(SubmitError::new(reason, back.func));
-                        }
-                        this = back;
-                        continue;
-                    }
-                    #[cfg(not(feature = "tokio-util"))]
-                    let _ = reason;
+                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => {
                     this = back;
                     if plain.is_none() && this.opts.limiters.is_empty() && this.opts.key.is_none() {
                         // Tries again once counted: a free permit signalled
@@ -496,14 +457,7 @@ where
     // A job that follows a token cancelled already is cancelled in the
     // critical section that accepts it: a worker could start it before
     // the watch below could cancel it.
-    #[cfg(feature = "tokio-util")]
-    let cancelled = opts
-        .follow
-        .as_ref()
-        .is_some_and(crate::interop::Follow::is_cancelled);
-    #[cfg(not(feature = "tokio-util"))]
-    let cancelled = false;
-    if let Err((reason, func)) = inner.submit(&job, cancelled) {
+    if let Err((reason, func)) = inner.submit(&job, opts.follows_cancelled()) {
         let core = crate::job::Task::core(&*job);
         opts.name = core.name().cloned();
         opts.key = core.lane_key().cloned();

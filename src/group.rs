@@ -68,23 +68,6 @@ struct Shared {
     inner: Arc<Inner>,
     key: Key,
     stop_on_drop: AtomicBool,
-    /// Cancelled when the group's last handle goes: ends `stop_on` watches.
-    #[cfg(feature = "tokio-util")]
-    gone: tokio_util::sync::CancellationToken,
-}
-
-/// A handle to a group that does not keep it alive (for `stop_on`).
-#[cfg(feature = "tokio-util")]
-pub(crate) struct WeakGroup(std::sync::Weak<Shared>);
-
-#[cfg(feature = "tokio-util")]
-impl WeakGroup {
-    /// Stops the group if it still has a handle.
-    pub(crate) fn stop(&self) {
-        if let Some(shared) = self.0.upgrade() {
-            shared.stop();
-        }
-    }
 }
 
 impl Offloader {
@@ -104,8 +87,6 @@ impl JobGroup {
                 inner,
                 key,
                 stop_on_drop: AtomicBool::new(false),
-                #[cfg(feature = "tokio-util")]
-                gone: tokio_util::sync::CancellationToken::new(),
             }),
         }
     }
@@ -137,17 +118,6 @@ impl JobGroup {
 
     pub(crate) fn key(&self) -> Key {
         self.shared.key
-    }
-
-    #[cfg(feature = "tokio-util")]
-    pub(crate) fn downgrade(&self) -> WeakGroup {
-        WeakGroup(Arc::downgrade(&self.shared))
-    }
-
-    /// A token cancelled when the group's last handle is dropped.
-    #[cfg(feature = "tokio-util")]
-    pub(crate) fn gone(&self) -> tokio_util::sync::CancellationToken {
-        self.shared.gone.clone()
     }
 
     /// Stops the group and its descendants: new offloads through them are
@@ -307,37 +277,41 @@ impl JobGroup {
 }
 
 impl Shared {
-    /// Stops the group (G2 of state/groups.rs); `None` if it already was.
-    /// Returns the queued jobs it cancelled.
+    /// Stops the group: [`stop_group`].
     fn stop(&self) -> Option<Vec<UnstartedJob>> {
-        let mut after = After::default();
-        let stopped = self.inner.lock().group_stop(self.key, &mut after);
-        self.inner.after(after);
-        stopped.map(|stopped| self.stopped(stopped))
+        stop_group(&self.inner, self.key)
     }
+}
 
-    /// After unlocking: discards the cancelled jobs' functions and runs the
-    /// stopped ones' stop callbacks. Returns the cancelled jobs.
-    fn stopped(&self, stopped: StoppedJobs) -> Vec<UnstartedJob> {
-        let StoppedJobs { cancelled, running } = stopped;
-        let now = crate::id::now_ns();
-        let report = cancelled
-            .iter()
-            .map(|task| UnstartedJob::of(task.core(), now))
-            .collect();
-        self.inner.discard_cancelled(cancelled);
-        for task in &running {
-            crate::stop::run_stop_callbacks(&**task);
-        }
-        crate::quiet::drop_quietly(running);
-        report
+/// Stops group `key` of `inner` (G2 of state/groups.rs), which a handle or
+/// a `stop_on` watch keeps (G3); `None` if it already was stopped. Returns
+/// the queued jobs it cancelled.
+pub(crate) fn stop_group(inner: &Inner, key: Key) -> Option<Vec<UnstartedJob>> {
+    let mut after = After::default();
+    let stopped = inner.lock().group_stop(key, &mut after);
+    inner.after(after);
+    stopped.map(|stopped| after_stop(inner, stopped))
+}
+
+/// After unlocking: discards the cancelled jobs' functions and runs the
+/// stopped ones' stop callbacks. Returns the cancelled jobs.
+fn after_stop(inner: &Inner, stopped: StoppedJobs) -> Vec<UnstartedJob> {
+    let StoppedJobs { cancelled, running } = stopped;
+    let now = crate::id::now_ns();
+    let report = cancelled
+        .iter()
+        .map(|task| UnstartedJob::of(task.core(), now))
+        .collect();
+    inner.discard_cancelled(cancelled);
+    for task in &running {
+        crate::stop::run_stop_callbacks(&**task);
     }
+    crate::quiet::drop_quietly(running);
+    report
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        #[cfg(feature = "tokio-util")]
-        self.gone.cancel();
         // ORDERING: see `JobGroup::on_drop`.
         let stop = self.stop_on_drop.load(Ordering::Relaxed);
         let mut after = After::default();
@@ -350,12 +324,12 @@ impl Drop for Shared {
             } else {
                 None
             };
-            s.group_handle_dropped(self.key);
+            s.group_handle_dropped(self.key, &mut after);
             stopped
         };
         self.inner.after(after);
         if let Some(stopped) = stopped {
-            self.stopped(stopped);
+            after_stop(&self.inner, stopped);
         }
     }
 }

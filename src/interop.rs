@@ -1,62 +1,167 @@
 //! Interop with tokio-util's [`CancellationToken`] (feature `tokio-util`):
-//! a group can stop when a token is cancelled, and a job's [`StopToken`]
+//! a group or a job follows tokens (`stop_on`), and a job's [`StopToken`]
 //! can be watched from async code as a token, so a tree of async
 //! cancellation reaches blocking jobs and back.
+//!
+//! A token has no synchronous callback: following one takes a task that
+//! awaits `cancelled()`, a *watch*. Its promises:
+//!
+//! 1. **Registered before `stop_on` returns.** A token cancelled already
+//!    acts on the caller's thread (a job is cancelled in the critical
+//!    section that accepts it); otherwise the watch is spawned, owning what
+//!    it needs to act, before `stop_on` (or `spawn`) returns.
+//! 2. **Owns its target.** A group's watch holds the group's record in the
+//!    pool (G3 of `state/groups.rs`), not a handle: the group's jobs follow
+//!    the token after its last handle is dropped, and no drop policy is
+//!    bypassed. A job's watch holds the pool and a weak reference to the job,
+//!    which the queue or the worker keeps alive while its function lives.
+//! 3. **Ends with its target.** A job's watch ends when its function has
+//!    run or been dropped (`Gone`); a group's when the group has ended: no
+//!    handle, no child group, no unpublished job of its own (the record
+//!    wakes it). A watch never keeps a group or a job alive past that.
+//! 4. **Bounded threads.** Every watch of the process is a task on one
+//!    watch thread ([`watch_runtime`]); the stops that fired watches run on
+//!    at most [`STOP_THREADS`] threads of that runtime's blocking pool,
+//!    started in the order they fired, however many fire at once. A stop runs user
+//!    code (stop callbacks, the drops of cancelled functions): one that
+//!    blocks holds one of those threads, and only [`STOP_THREADS`] that
+//!    block at once delay the other stops, until one returns. The watches
+//!    themselves never wait for a stop.
 
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::Poll;
 
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::group::JobGroup;
 use crate::job::Task;
 use crate::pool::Inner;
+use crate::slab::Key;
+use crate::state::After;
 use crate::stop::StopToken;
 
+/// How many threads run the stops of fired watches, for the whole process
+/// (promise 4 of the module doc).
+const STOP_THREADS: usize = 4;
+
 impl JobGroup {
-    /// Stops this group (as [`stop`](JobGroup::stop): queued jobs cancelled,
-    /// running ones asked to stop, descendants included) when `token` is
-    /// cancelled — at once if it already is. The watch ends when the token
-    /// is cancelled or the group's last handle is dropped; it does not keep
-    /// the group alive.
+    /// Stops this group when `token` is cancelled, and returns the group:
+    /// chains with [`on_drop`](JobGroup::on_drop), as
+    /// [`Offload::stop_on`](crate::Offload::stop_on) does with the other
+    /// options of an offload. A stop is [`stop`](JobGroup::stop)'s: new
+    /// offloads through the group are refused, queued jobs cancelled,
+    /// running ones asked to stop, descendants included.
     ///
-    /// The watch runs as a task on one thread the process shares for all
-    /// such watches (started by the first), not on the caller's runtime: it
-    /// goes on after that runtime is dropped, and works outside one. The
-    /// stop it fires runs on a thread of that runtime's blocking pool, so a
-    /// stop callback that blocks holds no other watch.
+    /// Call it once per token: the group follows every token it is given,
+    /// and the first one cancelled stops it.
+    ///
+    /// - **Cancelled already:** the group is stopped before this returns.
+    /// - **Cancelled later:** the group is stopped shortly after, even if
+    ///   every handle to it has been dropped by then (its jobs go on under
+    ///   the default [`GroupDropPolicy`](crate::GroupDropPolicy), and still
+    ///   follow the token); a job of the group that starts in between has
+    ///   its stop token set as it starts or just after.
+    /// - **Never cancelled:** the watch ends once the group has ended (its
+    ///   last handle dropped, its jobs finished, no child group left); it
+    ///   keeps nothing alive past that.
+    ///
+    /// Where it runs (for [`Offload::stop_on`](crate::Offload::stop_on)
+    /// too): every watch of the process is a task on one thread the process
+    /// shares, not on the caller's runtime, so it works outside one and
+    /// goes on after that runtime is dropped. The stops of fired watches run
+    /// on at most four threads the process shares, started in the order
+    /// they fired, however many fire at once. A stop runs user code (stop
+    /// callbacks, the drops of cancelled functions): one that blocks holds
+    /// one of those threads, and four that block at once hold back every
+    /// other stop until one returns. Keep stop callbacks short, as
+    /// [`StopToken::on_stop`] asks.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use offloader::GroupDropPolicy;
     /// use tokio_util::sync::CancellationToken;
+    ///
     /// let pool = offloader::Offloader::builder().build()?;
     /// let request = CancellationToken::new();
-    /// let reads = pool.group();
-    /// reads.stop_on(request.child_token());
+    /// let reads = pool
+    ///     .group()
+    ///     .on_drop(GroupDropPolicy::Stop)
+    ///     .stop_on(request.child_token());
+    /// let read = reads
+    ///     .offload(|stop| stop.sleep(Duration::from_secs(60)))
+    ///     .spawn()?;
     /// request.cancel(); // e.g. the client went away
-    /// reads.idle().await;
-    /// while !reads.is_stopped() {
-    ///     tokio::task::yield_now().await;
+    /// match read.await {
+    ///     Ok(slept) => assert!(slept.is_err()), // its sleep saw the stop
+    ///     Err(e) => assert!(e.is_cancelled()),  // stopped before it started
     /// }
-    /// assert!(reads.offload(|_stop| ()).spawn().is_err());
+    /// assert!(reads.is_stopped());
+    ///
+    /// // A token cancelled already stops the group at once.
+    /// let done = pool.group().stop_on(request.child_token());
+    /// assert!(done.is_stopped());
     /// # Ok(()) }
     /// ```
-    pub fn stop_on(&self, token: CancellationToken) {
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
+    pub fn stop_on(self, token: CancellationToken) -> JobGroup {
         if token.is_cancelled() {
             self.stop();
-            return;
+            return self;
         }
-        let group = self.downgrade();
-        spawn_watch(watch_until(token, self.gone(), move || group.stop()));
+        let inner = self.pool.inner().clone();
+        let key = self.key();
+        let Some(list) = inner.lock().group_watch(key) else {
+            return self;
+        };
+        // Lets go of the record when dropped, fired or not (promise 3).
+        let hold = GroupHold {
+            inner: inner.clone(),
+            key,
+        };
+        spawn_watch(async move {
+            let mut waiter = list.registration();
+            let ended = poll_fn(|cx| {
+                // Registered before the test: a wake-up after it is not
+                // lost (the record wakes the list when the group ends).
+                waiter.set(cx.waker());
+                if inner.lock().group_ended(key) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            });
+            watch(token.cancelled(), ended, move || {
+                crate::group::stop_group(&hold.inner, hold.key);
+            })
+            .await;
+        });
+        self
     }
 }
 
-/// What an offload that follows a token carries until it is accepted.
+/// A watch's hold on a group's record (G3 of `state/groups.rs`): the
+/// group can be stopped through it after its last handle is gone; dropped,
+/// it lets go.
+struct GroupHold {
+    inner: Arc<Inner>,
+    key: Key,
+}
+
+impl Drop for GroupHold {
+    fn drop(&mut self) {
+        let mut after = After::default();
+        self.inner.lock().group_unwatch(self.key, &mut after);
+        self.inner.after(after);
+    }
+}
+
+/// What an offload that follows tokens carries until it is accepted.
 pub(crate) struct Follow {
-    token: CancellationToken,
+    tokens: Vec<CancellationToken>,
     gone: CancellationToken,
 }
 
@@ -70,26 +175,29 @@ impl Drop for Gone {
 }
 
 impl Follow {
-    /// A follow of `token`, and the guard the function carries.
-    pub(crate) fn new(token: CancellationToken) -> (Follow, Gone) {
+    /// Adds `token` to those `follow` follows. The first one makes the
+    /// follow, and the one guard the function carries for them all.
+    pub(crate) fn add(follow: &mut Option<Follow>, token: CancellationToken) -> Option<Gone> {
+        if let Some(follow) = follow {
+            follow.tokens.push(token);
+            return None;
+        }
         let gone = CancellationToken::new();
-        (
-            Follow {
-                token,
-                gone: gone.clone(),
-            },
-            Gone(gone),
-        )
+        *follow = Some(Follow {
+            tokens: vec![token],
+            gone: gone.clone(),
+        });
+        Some(Gone(gone))
     }
 
-    /// Whether the followed token is cancelled already.
+    /// Whether a followed token is cancelled already.
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.token.is_cancelled()
+        self.tokens.iter().any(CancellationToken::is_cancelled)
     }
 
-    /// The token followed.
-    pub(crate) fn token(&self) -> CancellationToken {
-        self.token.clone()
+    /// The tokens `follow` follows (none without one).
+    pub(crate) fn tokens(follow: Option<&Follow>) -> Vec<CancellationToken> {
+        follow.map_or_else(Vec::new, |f| f.tokens.clone())
     }
 
     /// Starts watching for the accepted job `task` of pool `inner`.
@@ -102,25 +210,25 @@ impl Follow {
                 }
             }
         };
-        if self.token.is_cancelled() {
+        if self.is_cancelled() {
             stop();
             return;
         }
-        spawn_watch(watch_until(self.token, self.gone, stop));
+        let Follow { tokens, gone } = self;
+        spawn_watch(async move {
+            watch(any_cancelled(tokens), gone.cancelled(), stop).await;
+        });
     }
 }
 
-/// `room` (a wait for queue room), ended early when `follows`, the token
-/// the waiting job follows, is cancelled.
-pub(crate) async fn or_cancelled(
-    room: impl Future<Output = ()>,
-    follows: Option<&CancellationToken>,
-) {
-    let Some(token) = follows else {
+/// `room` (a wait for queue room), ended early when one of `follows`, the
+/// tokens the waiting job follows, is cancelled.
+pub(crate) async fn or_cancelled(room: impl Future<Output = ()>, follows: &[CancellationToken]) {
+    if follows.is_empty() {
         return room.await;
-    };
+    }
     let mut room = pin!(room);
-    let mut cancelled = pin!(token.cancelled());
+    let mut cancelled = pin!(any_cancelled(follows.to_vec()));
     poll_fn(|cx| {
         if cancelled.as_mut().poll(cx).is_ready() {
             return Poll::Ready(());
@@ -130,22 +238,38 @@ pub(crate) async fn or_cancelled(
     .await;
 }
 
-/// Runs `act` when `token` is cancelled, unless `gone` is cancelled first:
-/// on a thread of the watch runtime's blocking pool, not its one thread,
-/// since the stop callbacks `act` fires are the user's and may block (one
-/// that does holds that thread, not every watch of the process).
-async fn watch_until(
-    token: CancellationToken,
-    gone: CancellationToken,
+/// Completes when one of `tokens` is cancelled (never, for none).
+async fn any_cancelled(tokens: Vec<CancellationToken>) {
+    let mut waits: Vec<Pin<Box<WaitForCancellationFutureOwned>>> = tokens
+        .into_iter()
+        .map(|t| Box::pin(t.cancelled_owned()))
+        .collect();
+    poll_fn(|cx| {
+        // Every one still pending has been polled with this task's waker.
+        if waits.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// Runs `act` when `fired` completes, unless `ended` does first: not on
+/// the watch thread but on one of the [`STOP_THREADS`] of its blocking
+/// pool, since `act` runs user code that may block (promise 4).
+async fn watch(
+    fired: impl Future<Output = ()>,
+    ended: impl Future<Output = ()>,
     act: impl FnOnce() + Send + 'static,
 ) {
-    let mut cancelled = pin!(token.cancelled());
-    let mut dropped = pin!(gone.cancelled());
+    let mut fired = pin!(fired);
+    let mut ended = pin!(ended);
     let fired = poll_fn(|cx| {
-        if cancelled.as_mut().poll(cx).is_ready() {
+        if fired.as_mut().poll(cx).is_ready() {
             return Poll::Ready(true);
         }
-        dropped.as_mut().poll(cx).map(|()| false)
+        ended.as_mut().poll(cx).map(|()| false)
     })
     .await;
     if fired {
@@ -167,7 +291,8 @@ fn spawn_watch(watch: impl Future<Output = ()> + Send + 'static) {
 
 /// The runtime that runs every watch: one thread for the whole process,
 /// however many jobs wait, started by the first watch (tried again by the
-/// next one if it could not be).
+/// next one if it could not be), and at most [`STOP_THREADS`] more that
+/// run the stops of fired watches, started as needed and ended when idle.
 fn watch_runtime() -> std::io::Result<tokio::runtime::Handle> {
     static WATCHES: std::sync::Mutex<Option<tokio::runtime::Handle>> = std::sync::Mutex::new(None);
     let mut slot = WATCHES
@@ -179,6 +304,8 @@ fn watch_runtime() -> std::io::Result<tokio::runtime::Handle> {
     // Timers too: the stop callbacks a watch fires may use them.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(STOP_THREADS)
+        .thread_name("offloader-stopper")
         .build()?;
     let handle = runtime.handle().clone();
     std::thread::Builder::new()
@@ -206,6 +333,7 @@ impl StopToken {
     /// stop.request_stop();
     /// assert!(token.is_cancelled());
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
     pub fn cancellation_token(&self) -> CancellationToken {
         let watch = || {
             let token = CancellationToken::new();
@@ -228,6 +356,16 @@ impl StopToken {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// Held by each test that counts watches: the count is theirs (the
+    /// only tests of this binary that make watches).
+    static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn counting() -> std::sync::MutexGuard<'static, ()> {
+        COUNTING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 
     /// Tasks alive on the watch runtime.
     fn watches() -> usize {
@@ -268,17 +406,16 @@ mod tests {
         );
     }
 
-    /// A group's watch ends when the group's last handle goes (it does not
-    /// keep the group alive, and no task is left waiting on the token); a
-    /// job's, when its function has run. The only tests of this binary
-    /// that make watches: the count is theirs.
+    /// A group's watch ends when the group has ended (here: its last handle
+    /// gone, with no job; no task is left waiting on the token); a job's,
+    /// when its function has run.
     #[test]
     fn watches_end_with_their_group_or_job() {
+        let _counting = counting();
         let pool = crate::Offloader::builder().build().expect("pool");
         let token = CancellationToken::new();
         let before = watches();
-        let group = pool.group();
-        group.stop_on(token.clone());
+        let group = pool.group().stop_on(token.clone());
         assert_eq!(watches(), before + 1, "the group's watch");
         drop(group);
         eventually("the group's watch ended", || watches() == before);
@@ -293,6 +430,63 @@ mod tests {
             assert_eq!(job.blocking_wait().ok(), Some(i));
         }
         eventually("every job's watch ended", || watches() == before);
+        assert!(!token.is_cancelled());
+
+        // A job following three tokens has one watch.
+        let job = pool
+            .offload(|_stop| 3)
+            .stop_on(token.clone())
+            .stop_on(token.child_token())
+            .stop_on(CancellationToken::new())
+            .spawn()
+            .expect("accepted");
+        assert_eq!(job.blocking_wait().ok(), Some(3));
+        eventually("the job's one watch ended", || watches() == before);
+    }
+
+    /// A group's watch holds its record past its last handle while a job
+    /// of the group runs, or a child group lives (a token cancelled then
+    /// still stops them), and ends once the group has ended: the record is
+    /// not kept for good.
+    #[test]
+    fn a_groups_watch_ends_when_the_group_has_ended() {
+        let _counting = counting();
+        let pool = crate::Offloader::builder().build().expect("pool");
+        let token = CancellationToken::new();
+        let before = watches();
+        let groups = || pool.inner().lock().groups_len();
+        let records = groups();
+
+        let group = pool.group().stop_on(token.clone());
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let job = group
+            .offload(move |_stop| {
+                started_tx.send(()).ok();
+                held.recv().ok();
+            })
+            .spawn()
+            .expect("accepted");
+        started.recv().expect("started");
+        drop(group);
+        assert_eq!(
+            watches(),
+            before + 1,
+            "the watch holds on while the job runs"
+        );
+        assert_eq!(groups(), records + 1, "and so does the record");
+        release.send(()).expect("the job waits");
+        job.blocking_wait().expect("ran");
+        eventually("the group's watch ended", || watches() == before);
+        eventually("the record freed", || groups() == records);
+
+        let parent = pool.group().stop_on(token.clone());
+        let child = parent.child();
+        drop(parent);
+        assert_eq!(watches(), before + 1, "the child may still get jobs");
+        drop(child);
+        eventually("the parent's watch ended", || watches() == before);
+        eventually("both records freed", || groups() == records);
         assert!(!token.is_cancelled());
     }
 }

@@ -2,6 +2,7 @@
 // rustdoc as the crate root's page; its examples run as doctests).
 #![doc = include_str!("guide.md")]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,
     missing_debug_implementations,

@@ -72,6 +72,19 @@ pub(crate) struct Options {
     follow: Option<crate::interop::Follow>,
 }
 
+impl Options {
+    /// Whether the job follows a token cancelled already.
+    fn follows_cancelled(&self) -> bool {
+        #[cfg(feature = "tokio-util")]
+        return self
+            .follow
+            .as_ref()
+            .is_some_and(crate::interop::Follow::is_cancelled);
+        #[cfg(not(feature = "tokio-util"))]
+        false
+    }
+}
+
 /// The entry point lives here, with the [`Offload`] it makes: the pool
 /// module stays below this one.
 impl Offloader {
@@ -127,29 +140,38 @@ where
         Offload::with_options(pool, func, Options::default())
     }
 
-    /// Cancels the job if it is still queued, or sets its stop token if it
-    /// runs, when `token` is cancelled (feature `tokio-util`): a tree of
-    /// async cancellation reaches this one blocking job. The watch ends when
-    /// the job's function has run or been dropped, and holds nothing alive
-    /// but the pool meanwhile. The watch is a task on one thread the
-    /// process shares for all such watches however many jobs wait (started
-    /// by the first), not on the caller's runtime, so it goes on after that
-    /// runtime is dropped; the stop it fires runs on a thread of that
-    /// runtime's blocking pool, so a stop callback that blocks holds no
-    /// other watch. A job that starts after the token's cancellation but
-    /// before the watch sees it has its stop token set instead. The function is wrapped: a refused offload hands
-    /// back the wrapper, which still runs it.
+    /// Makes the job follow `token` (feature `tokio-util`), so that a tree
+    /// of async cancellation reaches this one blocking job. Call it once
+    /// per token: the job follows each, and the first one cancelled acts,
+    /// by when it is cancelled:
+    ///
+    /// - **before the job is accepted** (before `spawn` or `submit`
+    ///   returns, or while its caller waits for room): it never runs. It is
+    ///   accepted and cancelled at once, taking no place in the queue, or
+    ///   refused ([`Rejected::ObserverBehind`]) if an observer's lag holds
+    ///   admission back; a caller waiting for room stops waiting;
+    /// - **while it is queued:** it is cancelled shortly after, never run;
+    /// - **as it starts** (a worker takes it before the watch acts): it runs
+    ///   with its stop token set, at once or just after;
+    /// - **while it runs:** its stop token is set and its
+    ///   [`on_stop`](StopToken::on_stop) callbacks run; it keeps its permit
+    ///   until it returns;
+    /// - **after its function has run or been dropped:** nothing.
+    ///
+    /// Dropping the job's handle changes none of this. Where the watch and
+    /// its stop run: [`JobGroup::stop_on`]. A refused offload hands back
+    /// the function wrapped (the wrapper still runs it).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use std::time::Duration;
     /// use tokio_util::sync::CancellationToken;
     /// let pool = offloader::Offloader::builder().build()?;
-    /// let request = CancellationToken::new();
+    /// let (request, server) = (CancellationToken::new(), CancellationToken::new());
     /// let job = pool
-    ///     .offload(|stop| stop.sleep(Duration::from_secs(60)))
-    ///     .stop_on(request.child_token())
+    ///     .offload(|stop| stop.sleep(std::time::Duration::from_secs(60)))
+    ///     .stop_on(request.clone())
+    ///     .stop_on(server.clone())
     ///     .spawn()?;
     /// request.cancel();
     /// match job.await {
@@ -160,16 +182,16 @@ where
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "tokio-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
     pub fn stop_on(
         self,
         token: tokio_util::sync::CancellationToken,
     ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
-        let (follow, gone) = crate::interop::Follow::new(token);
-        let func = self.func;
         let mut opts = self.opts;
-        opts.follow = Some(follow);
+        let gone = crate::interop::Follow::add(&mut opts.follow, token);
+        let func = self.func;
         let func = move |stop: &StopToken| {
-            // Cancels `gone` when dropped: after the call, or unrun.
+            // Cancels the watch's end when dropped: after the call, or unrun.
             let _gone = gone;
             func(stop)
         };
@@ -327,11 +349,11 @@ where
         // Stands in for the caller's waker in the `Notify` (made at the
         // first wait): see `wait_list::Relay`.
         let mut relay = None;
-        // A job that follows a token stops waiting for room when it is
+        // A job that follows tokens stops waiting for room when one is
         // cancelled: it is then accepted and cancelled at once, without a
-        // place (admission.rs `reserve`).
+        // place (admission.rs `reserve`), or refused for the observer's lag.
         #[cfg(feature = "tokio-util")]
-        let follows = self.opts.follow.as_ref().map(crate::interop::Follow::token);
+        let follows = crate::interop::Follow::tokens(self.opts.follow.as_ref());
         let mut this = self;
         loop {
             // Registered before trying, so that a slot freed in between
@@ -340,9 +362,12 @@ where
             freed.as_mut().enable();
             match this.try_accept(began) {
                 Ok(handle) => return Ok(handle),
-                // The observer itself cannot wait for its own lag to drop.
+                // The observer itself cannot wait for its own lag to drop,
+                // nor a job whose token is cancelled (it takes no place, so
+                // only the lag holds it back, and its wait would end at
+                // once, to retry without end).
                 Err((reason @ Rejected::ObserverBehind { .. }, back))
-                    if inner.is_delivery_thread() =>
+                    if inner.is_delivery_thread() || back.opts.follows_cancelled() =>
                 {
                     inner.count_refusal(&reason);
                     return Err(SubmitError::new(reason, back.func));
@@ -365,7 +390,7 @@ where
             let relay = relay.get_or_insert_with(std::sync::Arc::default);
             let freed = crate::wait_list::Relayed::new(freed, relay);
             #[cfg(feature = "tokio-util")]
-            let freed = crate::interop::or_cancelled(freed, follows.as_ref());
+            let freed = crate::interop::or_cancelled(freed, &follows);
             match wait_until {
                 None => freed.await,
                 Some(at) => {
@@ -432,14 +457,7 @@ where
     // A job that follows a token cancelled already is cancelled in the
     // critical section that accepts it: a worker could start it before
     // the watch below could cancel it.
-    #[cfg(feature = "tokio-util")]
-    let cancelled = opts
-        .follow
-        .as_ref()
-        .is_some_and(crate::interop::Follow::is_cancelled);
-    #[cfg(not(feature = "tokio-util"))]
-    let cancelled = false;
-    if let Err((reason, func)) = inner.submit(&job, cancelled) {
+    if let Err((reason, func)) = inner.submit(&job, opts.follows_cancelled()) {
         let core = crate::job::Task::core(&*job);
         opts.name = core.name().cloned();
         opts.key = core.lane_key().cloned();

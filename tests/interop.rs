@@ -15,9 +15,8 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_stops_when_its_token_is_cancelled() {
     let pool = pool(1, 16);
-    let group = pool.group();
     let request = CancellationToken::new();
-    group.stop_on(request.child_token());
+    let group = pool.group().stop_on(request.child_token());
     let (_g, hold) = gate();
     let (tx, mut started) = signal();
     let running = group
@@ -44,10 +43,9 @@ async fn a_group_stops_when_its_token_is_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_already_cancelled_token_stops_at_once() {
     let pool = pool(1, 16);
-    let group = pool.group();
     let token = CancellationToken::new();
     token.cancel();
-    group.stop_on(token);
+    let group = pool.group().stop_on(token);
     assert!(group.is_stopped());
 }
 
@@ -60,9 +58,8 @@ async fn an_already_cancelled_token_stops_at_once() {
 fn stop_on_works_outside_a_runtime() {
     const WATCH: &str = "offloader-stop-on";
     let pool = pool(1, 16);
-    let group = pool.group();
     let token = CancellationToken::new();
-    group.stop_on(token.clone());
+    let group = pool.group().stop_on(token.clone());
     eventually_blocking("the watch thread asleep", || {
         sleeping_threads_named(WATCH) > 0
     });
@@ -75,9 +72,8 @@ fn stop_on_works_outside_a_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_stop_token_is_watched_as_a_cancellation_token() {
     let pool = pool(1, 16);
-    let group = pool.group();
     let root = CancellationToken::new();
-    group.stop_on(root.child_token());
+    let group = pool.group().stop_on(root.child_token());
     let (token_tx, mut token_rx) = signal();
     let (_g, hold) = gate();
     let job = group
@@ -468,4 +464,345 @@ async fn a_caller_waiting_for_room_follows_its_tokens_cancellation() {
     let m = pool.metrics();
     assert_eq!((m.cancelled, m.rejected_full), (2, 0), "{m:?}");
     assert_ledger(&m);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 33, item 4: `stop_on` that keeps its word.
+
+/// An observer that holds every delivery until its gate opens.
+struct StuckObserver(Hold);
+
+impl offloader::Observer for StuckObserver {
+    fn on_event(&self, _event: &offloader::JobEvent) {
+        self.0.wait();
+    }
+}
+
+/// Issue 33, busy loop: a `submit()` waiting for a lagging observer, whose
+/// followed token was then cancelled, retried without yielding (every retry
+/// refused `ObserverBehind`, its wait for the token over at once), so the
+/// current-thread runtime it ran on froze: neither its own timeout nor
+/// anything else on it ran again. It stops waiting now, refused, with its
+/// function handed back; the awaiting form likewise.
+#[test]
+fn a_caller_waiting_for_a_lagging_observer_stops_when_its_token_is_cancelled() {
+    let (gate, hold) = gate();
+    let pool = offloader::Offloader::builder()
+        .observer(std::sync::Arc::new(StuckObserver(hold)))
+        .observer_lag(1)
+        .build()
+        .expect("pool");
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let caller = pool.clone();
+    // The caller's own thread and runtime: on the old code this thread
+    // spins for good, and the test fails on the bounded wait below.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            // The observer is stuck on the first job's first event.
+            let first = caller.offload(|_stop| ()).spawn().expect("accepted");
+            within("the first job", first).await.expect("ran");
+            let token = CancellationToken::new();
+            let mut submitted = Box::pin(
+                caller
+                    .offload(|_stop| 6)
+                    .with_timeout(HANG)
+                    .stop_on(token.clone())
+                    .submit(),
+            );
+            assert!(
+                poll_once(submitted.as_mut()).await.is_pending(),
+                "waits for the observer"
+            );
+            let mut awaited = Box::pin(std::future::IntoFuture::into_future(
+                caller.offload(|_stop| 7).stop_on(token.clone()),
+            ));
+            assert!(poll_once(awaited.as_mut()).await.is_pending());
+            token.cancel();
+            let submitted = submitted.await.map(|_| ()).map_err(|e| {
+                let behind = matches!(e.reason(), offloader::Rejected::ObserverBehind { .. });
+                (behind, e.into_inner()(&StopToken::new()))
+            });
+            let awaited = awaited.await.map(|_| ());
+            done_tx.send((submitted, awaited.is_err())).ok();
+        });
+    });
+    let (submitted, awaited_failed) = done
+        .recv_timeout(HANG)
+        .expect("the caller's runtime froze: its submit never yielded");
+    assert_eq!(
+        submitted,
+        Err((true, 6)),
+        "refused for the observer's lag, the function handed back"
+    );
+    assert!(awaited_failed, "the awaited offload never ran");
+    gate.open();
+    let m = pool.metrics();
+    assert_eq!(m.accepted, 1, "only the first job: {m:?}");
+}
+
+/// The environment variable that marks a child process of this binary.
+const CHILD_ENV: &str = "OFFLOADER_INTEROP_CHILD";
+
+/// Re-runs this test binary, filtered to the ignored child test `test`,
+/// alone in its process (its thread counts are its own); fails if it failed.
+fn run_child(test: &str) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(exe)
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, test)
+        .output()
+        .expect("run the child test process");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child test {test} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+}
+
+/// `true` in the child process started for `test`.
+fn in_child(test: &str) -> bool {
+    std::env::var(CHILD_ENV).as_deref() == Ok(test)
+}
+
+/// Threads of this process now.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// Issue 33, a thread per job: cancelling one token that 20,000 queued
+/// jobs followed started 126–254 threads, as each fired watch ran its stop
+/// on a new blocking thread. However many watches fire at once, the stops
+/// run on a few threads now.
+#[test]
+fn many_watches_firing_at_once_start_few_threads() {
+    run_child("many_watches_firing_at_once_start_few_threads_child");
+}
+
+#[test]
+#[ignore = "run in its own process by many_watches_firing_at_once_start_few_threads"]
+fn many_watches_firing_at_once_start_few_threads_child() {
+    const JOBS: usize = 20_000;
+    if !in_child("many_watches_firing_at_once_start_few_threads_child") {
+        return;
+    }
+    let pool = pool(1, JOBS);
+    let (started_tx, mut started) = signal::<()>();
+    let (gate, hold) = gate();
+    let token = CancellationToken::new();
+    let first = pool
+        .offload(move |_stop| {
+            started_tx.send(()).ok();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv_blocking("the first job started", &mut started);
+    let queued: Vec<_> = (0..JOBS)
+        .map(|i| {
+            pool.offload(move |_stop| i)
+                .stop_on(token.clone())
+                .spawn()
+                .expect("accepted")
+        })
+        .collect();
+    let before = threads();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(before));
+    let sampling = flag();
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            while !sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                peak.fetch_max(threads(), std::sync::atomic::Ordering::SeqCst);
+                std::thread::yield_now();
+            }
+        })
+    };
+    token.cancel();
+    eventually_blocking("every queued job cancelled", || {
+        pool.metrics().cancelled == JOBS as u64
+    });
+    sampling.store(true, std::sync::atomic::Ordering::SeqCst);
+    sampler.join().expect("sampler");
+    // The fired watches' threads linger idle for a while: counted now too.
+    let grown = peak
+        .load(std::sync::atomic::Ordering::SeqCst)
+        .max(threads())
+        .saturating_sub(before + 1);
+    // Four stop threads, and room for a thread of the pool's own.
+    assert!(grown <= 6, "{grown} threads started to run {JOBS} stops");
+    gate.open();
+    within_blocking("the first job", move || first.blocking_wait()).expect("ran");
+    assert!(queued
+        .iter()
+        .all(|j| j.state() == offloader::JobState::Cancelled));
+}
+
+/// Issue 33, a lost stop: `stop_on(t); t.cancel(); drop(group)` with the
+/// default drop policy lost the stop (the watch acted later, through a
+/// weak handle that no longer upgraded): the queued job ran, the running
+/// one never saw its stop. And a token cancelled after the last handle
+/// went was not followed at all. Both are followed now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_follows_its_token_after_its_last_handle_is_dropped() {
+    for cancel_first in [true, false] {
+        let pool = pool(1, 16);
+        let token = CancellationToken::new();
+        let group = pool.group().stop_on(token.clone());
+        let (_g, hold) = gate();
+        let (tx, mut started) = signal();
+        let running = group
+            .offload(move |stop| {
+                tx.send(()).unwrap();
+                hold.wait_or_stop(stop)
+            })
+            .spawn()
+            .unwrap();
+        recv("running", &mut started).await;
+        let ran = flag();
+        let r = ran.clone();
+        let queued = group
+            .offload(move |_| r.store(true, std::sync::atomic::Ordering::SeqCst))
+            .spawn()
+            .unwrap();
+        if cancel_first {
+            token.cancel();
+            drop(group);
+        } else {
+            drop(group);
+            token.cancel();
+        }
+        let what = if cancel_first {
+            "cancel, drop"
+        } else {
+            "drop, cancel"
+        };
+        let stopped = try_within("the running job", running)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(stopped.unwrap(), "{what}: the running job saw its stop");
+        let err = within("the queued job", queued).await.unwrap_err();
+        assert!(err.is_cancelled(), "{what}: {err:?}");
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "{what}");
+    }
+}
+
+/// Issue 33, only the last token counted: `stop_on(a).stop_on(b)`, then
+/// cancelling `a`, left the job queued, and it ran. Every token is
+/// followed now, by a job as by a group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_follows_every_token_it_is_given() {
+    let pool = pool(1, 16);
+    let occupied = occupy(&pool, 1).await;
+    let (a, b, c) = (
+        CancellationToken::new(),
+        CancellationToken::new(),
+        CancellationToken::new(),
+    );
+    let first = pool
+        .offload(|_stop| "first")
+        .stop_on(a.clone())
+        .stop_on(b.clone())
+        .stop_on(c.clone())
+        .spawn()
+        .unwrap();
+    let second = pool
+        .offload(|_stop| "second")
+        .stop_on(b.clone())
+        .stop_on(c.clone())
+        .spawn()
+        .unwrap();
+    let last = pool
+        .offload(|_stop| "last")
+        .stop_on(c.clone())
+        .spawn()
+        .unwrap();
+    a.cancel();
+    eventually("the job following a among others cancelled", || {
+        first.state() == offloader::JobState::Cancelled
+    })
+    .await;
+    b.cancel();
+    eventually("the job following b among others cancelled", || {
+        second.state() == offloader::JobState::Cancelled
+    })
+    .await;
+    occupied.release().await;
+    assert_eq!(within("the last job", last).await.unwrap(), "last");
+    // A group, likewise: each token it follows stops it.
+    let (x, y) = (CancellationToken::new(), CancellationToken::new());
+    let group = pool.group().stop_on(x.clone()).stop_on(y.clone());
+    y.cancel();
+    eventually("the group stopped by its second token", || {
+        group.is_stopped()
+    })
+    .await;
+}
+
+/// Registration takes effect before `stop_on` returns: a token cancelled
+/// already cancels the group's queued job and sets its running job's stop
+/// token before it returns (no wait, no watch), and `stop_on` chains with
+/// `on_drop` either way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_token_stops_a_groups_jobs_before_stop_on_returns() {
+    let pool = pool(1, 16);
+    let group = pool.group().on_drop(offloader::GroupDropPolicy::Stop);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = group
+        .offload(move |stop| {
+            tx.send(()).unwrap();
+            hold.wait_or_stop(stop)
+        })
+        .spawn()
+        .unwrap();
+    recv("running", &mut started).await;
+    let queued = group.offload(|_| ()).spawn().unwrap();
+    let token = CancellationToken::new();
+    token.cancel();
+    let group = group
+        .stop_on(token)
+        .on_drop(offloader::GroupDropPolicy::LetRun);
+    assert_eq!(queued.state(), offloader::JobState::Cancelled);
+    assert!(running.is_stop_requested());
+    assert!(group.is_stopped());
+    assert!(within("the running job", running).await.unwrap());
+}
+
+/// A job follows its tokens whatever becomes of its handle: dropped at
+/// once, the queued job is still cancelled when a token is, and never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_follows_its_token_after_its_handle_is_dropped() {
+    let pool = pool(1, 16);
+    let occupied = occupy(&pool, 1).await;
+    let token = CancellationToken::new();
+    let ran = flag();
+    let r = ran.clone();
+    drop(
+        pool.offload(move |_| r.store(true, std::sync::atomic::Ordering::SeqCst))
+            .stop_on(CancellationToken::new())
+            .stop_on(token.clone())
+            .spawn()
+            .unwrap(),
+    );
+    token.cancel();
+    eventually("the dropped job cancelled", || {
+        pool.metrics().cancelled == 1
+    })
+    .await;
+    occupied.release().await;
+    within("idle", pool.idle()).await;
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    assert_ledger(&pool.metrics());
 }

@@ -14,9 +14,12 @@
 //!   critical section in which it cancels their queued members and sets the
 //!   stop flag of their running ones: a job accepted before it is reached,
 //!   a job offered after it is refused, and every member is stopped at once.
-//! - **G3 (lifetime).** A group's record lives while a handle, a child record
-//!   or one of its own jobs not yet published refers to it, so the group key
-//!   a job carries stays valid until the job's outcome is published.
+//! - **G3 (lifetime).** A group's record lives while a handle, a child record,
+//!   one of its own jobs not yet published or a `stop_on` watch refers to it,
+//!   so the group key a job carries stays valid until the job's outcome is
+//!   published, and a watch's until it lets go. When only watches are left
+//!   (the group has *ended*: nothing of it is left to stop), they are woken
+//!   through its idle waiters' list, and let go.
 //! - **G4 (members).** A group's members are exactly its own jobs that are
 //!   queued or running: a job joins in *accept* and leaves in the transition
 //!   that makes it terminal.
@@ -58,6 +61,8 @@ pub(crate) struct GroupRec {
     member_list: List,
     /// Live `JobGroup` handles.
     handles: usize,
+    /// `stop_on` watches that follow the group (interop.rs).
+    watches: usize,
     /// Own jobs accepted and not yet published (G3).
     own_pending: usize,
     stopped: bool,
@@ -93,11 +98,38 @@ impl State {
     }
 
     /// A handle to group `key` was dropped.
-    pub(crate) fn group_handle_dropped(&mut self, key: Key) {
+    pub(crate) fn group_handle_dropped(&mut self, key: Key, after: &mut After) {
         if let Some(g) = self.groups.get_mut(key) {
             g.handles -= 1;
         }
-        self.group_free_unused(key);
+        self.group_free_unused(key, after);
+    }
+
+    /// A `stop_on` watch follows group `key` from now until
+    /// [`group_unwatch`](Self::group_unwatch): the record stays (G3).
+    /// Returns the list that wakes the watch when the group has ended.
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn group_watch(&mut self, key: Key) -> Option<std::sync::Arc<WaitList>> {
+        let g = self.groups.get_mut(key)?;
+        g.watches += 1;
+        Some(g.idle_waiters.get_or_insert_with(Default::default).clone())
+    }
+
+    /// A watch of group `key` lets go of its record.
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn group_unwatch(&mut self, key: Key, after: &mut After) {
+        if let Some(g) = self.groups.get_mut(key) {
+            g.watches -= 1;
+        }
+        self.group_free_unused(key, after);
+    }
+
+    /// Whether group `key` has ended: nothing but watches refers to its
+    /// record (no handle, no child, no own job unpublished), so nothing of
+    /// it is left to stop (G3).
+    #[cfg(feature = "tokio-util")]
+    pub(crate) fn group_ended(&self, key: Key) -> bool {
+        self.groups.get(key).is_none_or(GroupRec::ended)
     }
 
     /// Whether a job offloaded through its group may join it: refused if
@@ -175,7 +207,7 @@ impl State {
                 after.idle_groups.extend(c.idle_waiters.clone());
             }
         });
-        self.group_free_unused(key);
+        self.group_free_unused(key, after);
     }
 
     /// Marks group `key` and its descendants closed: new jobs are refused.
@@ -347,15 +379,16 @@ impl State {
     }
 
     /// Removes group `key`'s record, and then its parent's, and so on, while
-    /// nothing refers to them any more (G3). O(1) per record.
-    fn group_free_unused(&mut self, key: Key) {
+    /// nothing refers to them any more (G3). O(1) per record. A record that
+    /// only watches refer to stays, and its watches are woken to let go.
+    fn group_free_unused(&mut self, key: Key, after: &mut After) {
         let mut next = Some(key);
         while let Some(k) = next {
-            let unused = self
-                .groups
-                .get(k)
-                .is_some_and(|g| g.handles == 0 && g.children.is_empty() && g.own_pending == 0);
-            if !unused {
+            let Some(g) = self.groups.get(k).filter(|g| g.ended()) else {
+                return;
+            };
+            if g.watches > 0 {
+                after.idle_groups.extend(g.idle_waiters.clone());
                 return;
             }
             next = self.groups.get(k).and_then(|g| g.parent);
@@ -364,5 +397,20 @@ impl State {
             }
             self.groups.remove(k);
         }
+    }
+}
+
+impl GroupRec {
+    /// Nothing but watches refers to this record (G3).
+    fn ended(&self) -> bool {
+        self.handles == 0 && self.children.is_empty() && self.own_pending == 0
+    }
+}
+
+#[cfg(all(test, not(loom), feature = "tokio-util"))]
+impl State {
+    /// How many group records the pool keeps (G3).
+    pub(crate) fn groups_len(&self) -> usize {
+        self.groups.len()
     }
 }

@@ -96,10 +96,7 @@ async fn run() -> Res<()> {
     drop(returned_tx);
 
     let began = Instant::now();
-    let (winner, body) = pool
-        .invoke_any(fetches)
-        .await
-        .map_err(|errors| format!("every mirror failed: {errors:?}"))?;
+    let (winner, body) = pool.invoke_any(fetches).await?;
     let won_at = Instant::now();
     let ms = |t: Instant| t.saturating_duration_since(began).as_secs_f64() * 1e3;
     println!(

@@ -32,6 +32,56 @@ pub enum BatchError<E> {
     Job(#[from] Error),
 }
 
+/// Why an [`invoke_any`](Offloader::invoke_any) has no winner: every job
+/// failed, and here is each one's error. One error type, so that the race
+/// works with `?`.
+///
+/// Its message counts the failures and quotes the first job's error once
+/// ("all 3 jobs failed; job 0: the function failed: timed out"); the others
+/// are in [`errors`](AllFailed::errors). It is an [`std::error::Error`]
+/// when `E` is `Debug + Display` (a `String` will do), and
+/// `Send + Sync + 'static` when `E` is: `?` converts it into
+/// `Box<dyn Error + Send + Sync>` or `anyhow::Error`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use offloader::{BatchError, StopToken};
+///
+/// let pool = offloader::Offloader::builder().build()?;
+/// let mirrors = ["a", "b"].map(|m| move |_: &StopToken| Err::<(), _>(format!("{m} is down")));
+/// let failed = pool.invoke_any(mirrors).await.unwrap_err();
+/// assert_eq!(failed.to_string(), "all 2 jobs failed; job 0: the function failed: a is down");
+/// assert!(matches!(&failed.errors[1], BatchError::Failed(e) if e == "b is down"));
+/// # Ok(()) }
+/// ```
+// Display and Error by hand, not through thiserror: the message is
+// computed from the list, and thiserror cannot put the `E: Display` bound
+// that needs on its impl alone (only on the struct, where every user of
+// `AllFailed<E>` would carry it).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AllFailed<E> {
+    /// Every job's error, in input order: `errors[i]` is job `i`'s. Empty
+    /// when the race had no job.
+    pub errors: Vec<BatchError<E>>,
+}
+
+impl<E: fmt::Display> fmt::Display for AllFailed<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.errors.as_slice() {
+            [] => f.write_str("no job to run"),
+            [only] => write!(f, "the only job failed: {only}"),
+            [first, ..] => write!(f, "all {} jobs failed; job 0: {first}", self.errors.len()),
+        }
+    }
+}
+
+/// No [`source`](std::error::Error::source): the message quotes the first
+/// job's error already, and a chain of one of several errors would say it
+/// twice.
+impl<E: fmt::Debug + fmt::Display> std::error::Error for AllFailed<E> {}
+
 /// Where a batch's jobs go: a pool or a group.
 #[derive(Clone, Debug)]
 pub(crate) enum Target {
@@ -89,9 +139,9 @@ impl Offloader {
     /// wins and its index and value are returned. The losers are cancelled
     /// if still queued and stopped if running (their stop tokens are set);
     /// each keeps its permit until its function really returns. If every
-    /// function fails, every error is returned, in input order (an empty
-    /// `fs` gives an empty list). Like Java's `invokeAny`, with losers that
-    /// are told to stop through their token.
+    /// function fails, the error is [`AllFailed`], with every job's error in
+    /// input order (an empty `fs` gives an empty list). Like Java's
+    /// `invokeAny`, with losers that are told to stop through their token.
     ///
     /// The jobs run in a group of their own: dropping this future before it
     /// finishes stops them all. A queued loser may start in the instant
@@ -109,7 +159,7 @@ impl Offloader {
     ///         Ok(delay)
     ///     }
     /// });
-    /// let (winner, value) = pool.invoke_any(mirrors).await.map_err(|e| format!("{e:?}"))?;
+    /// let (winner, value) = pool.invoke_any(mirrors).await?;
     /// assert_eq!((winner, value), (0, 0)); // the others were stopped at once
     /// # Ok(()) }
     /// ```
@@ -150,7 +200,7 @@ impl JobGroup {
 
 /// A race of functions on their way into a pool, from
 /// [`Offloader::invoke_any`] or [`JobGroup::invoke_any`]: await it for the
-/// first success (its index and value), or for every error.
+/// first success (its index and value), or for every error ([`AllFailed`]).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -162,8 +212,7 @@ impl JobGroup {
 ///     .invoke_any(calls)
 ///     .key("replica-a")
 ///     .limiter(&replica)
-///     .await
-///     .map_err(|e| format!("{e:?}"))?;
+///     .await?;
 /// assert_eq!((winner, value), (0, 1)); // the limiter lets them run one by one
 /// assert_eq!(replica.stats().high_water, 1);
 /// # Ok(()) }
@@ -193,7 +242,7 @@ where
     T: Send + 'static,
     E: Send + 'static,
 {
-    type Output = Result<(usize, T), Vec<BatchError<E>>>;
+    type Output = Result<(usize, T), AllFailed<E>>;
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
 
     fn into_future(self) -> Self::IntoFuture {
@@ -214,7 +263,7 @@ async fn invoke_any<F, T, E>(
     target: &Target,
     fs: Vec<F>,
     lanes: &BatchLanes,
-) -> Result<(usize, T), Vec<BatchError<E>>>
+) -> Result<(usize, T), AllFailed<E>>
 where
     F: FnOnce(&StopToken) -> Result<T, E> + Send + 'static,
     T: Send + 'static,
@@ -245,7 +294,9 @@ where
             Err(e) => errors[i] = Some(BatchError::Job(e)),
         }
     }
-    Err(errors.into_iter().flatten().collect())
+    Err(AllFailed {
+        errors: errors.into_iter().flatten().collect(),
+    })
 }
 
 /// A batch of functions on their way into a pool, from

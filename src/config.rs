@@ -154,6 +154,15 @@ impl Builder {
     /// What happens to a job whose awaiting caller stops waiting (time-out
     /// or drop) before it finished (default [`AbandonPolicy::Keep`]).
     /// Overridable per call with [`Offload::on_abandon`](crate::Offload::on_abandon).
+    ///
+    /// The default keeps the job: a caller's timeout or drop ends its wait
+    /// and changes nothing about the job unless a policy says so, since
+    /// the library cannot know whether the work may be lost. A service
+    /// whose callers give up on their requests should set
+    /// [`CancelIfQueued`](AbandonPolicy::CancelIfQueued) or
+    /// [`CancelAndStop`](AbandonPolicy::CancelAndStop) here, so that no
+    /// permit goes to a request nobody waits for (see
+    /// [`AbandonPolicy`]'s docs for why and an example).
     pub fn abandon_policy(mut self, policy: AbandonPolicy) -> Self {
         self.config.abandon = policy;
         self

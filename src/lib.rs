@@ -79,7 +79,7 @@ mod loom_limiters;
 mod loom_tests;
 
 pub use awaited::OffloadFuture;
-pub use batch::{BatchError, InvokeAll, InvokeAny};
+pub use batch::{AllFailed, BatchError, InvokeAll, InvokeAny};
 pub use config::{
     Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
     DEFAULT_QUEUE_CAPACITY,
@@ -90,7 +90,7 @@ pub use handle::JobHandle;
 pub use id::{JobId, JobState};
 pub use lane::{KeyStats, LaneKey};
 pub use limiter::{Limiter, LimiterStats};
-pub use map::Map;
+pub use map::{Indexed, Map};
 pub use metrics::{GroupMetrics, Metrics};
 pub use observer::{EventKind, JobEvent, Observer};
 pub use offload::Offload;

@@ -37,24 +37,43 @@ impl Offloader {
     /// those still in flight (queued ones are cancelled, running ones get
     /// their stop token set and keep their permits until they return).
     ///
+    /// With [`futures_util::StreamExt`][StreamExt] (or
+    /// [`tokio_stream::StreamExt`][tokio-stream]: both work on any
+    /// [`Stream`]), `next().await` reads it one outcome at a time, and
+    /// `collect` gathers them:
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use std::future::poll_fn;
-    /// use std::pin::pin;
-    /// use futures_core::Stream;
+    /// use futures_util::StreamExt;
     ///
     /// let pool = offloader::Offloader::builder().build()?;
-    /// let mut lengths = pin!(pool
+    /// let mut lengths = pool
     ///     .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
-    ///     .limit(2));
-    /// let mut out = Vec::new();
-    /// while let Some(len) = poll_fn(|cx| lengths.as_mut().poll_next(cx)).await {
-    ///     out.push(len?);
+    ///     .limit(2);
+    /// while let Some(len) = lengths.next().await {
+    ///     println!("{}", len?);
     /// }
-    /// assert_eq!(out, [1, 2, 3]);
+    ///
+    /// let sizes: Result<Vec<usize>, _> = pool
+    ///     .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
+    ///     .collect::<Vec<_>>()
+    ///     .await
+    ///     .into_iter()
+    ///     .collect();
+    /// assert_eq!(sizes?, [1, 2, 3]);
     /// # Ok(()) }
     /// ```
+    ///
+    /// `f` takes the item and the job's [`StopToken`] (set when the stream
+    /// is dropped or [`stop_on_error`](Map::stop_on_error) stops the rest)
+    /// and returns a `Result`: its `Err` is the item's
+    /// [`BatchError::Failed`], which `stop_on_error` stops on. A function
+    /// that cannot fail says so with `Ok::<_, std::convert::Infallible>(v)`.
+    /// [`indexed`](Map::indexed) pairs each outcome with its item's index.
+    ///
+    /// [StreamExt]: https://docs.rs/futures-util/0.3/futures_util/stream/trait.StreamExt.html
+    /// [tokio-stream]: https://docs.rs/tokio-stream/0.1/tokio_stream/trait.StreamExt.html
     pub fn map<I, F, T, E>(&self, items: I, f: F) -> Map<I::IntoIter, F, T, E>
     where
         I: IntoIterator,
@@ -82,7 +101,12 @@ impl JobGroup {
 }
 
 /// The stream of [`Offloader::map`] and [`JobGroup::map`]: yields
-/// `Result<T, BatchError<E>>` per item.
+/// `Result<T, BatchError<E>>` per item ([`indexed`](Map::indexed): with the
+/// item's index).
+///
+/// It is [`Unpin`] whatever its iterator, items and outcomes: it never
+/// pins them, so `StreamExt::next` works on it as it is, without `pin!` or
+/// `Box::pin`.
 #[must_use = "streams do nothing unless polled"]
 pub struct Map<It, F, T, E> {
     target: Target,
@@ -104,8 +128,9 @@ pub struct Map<It, F, T, E> {
     /// No more items are taken: the iterator ended, or an error stopped the
     /// map.
     closed: bool,
-    /// The error that stopped the map, yielded after the outcomes before it.
-    failed: Option<BatchError<E>>,
+    /// The error that stopped the map and its item's index, yielded after
+    /// the outcomes before it.
+    failed: Option<(usize, BatchError<E>)>,
     lanes: crate::batch::BatchLanes,
 }
 
@@ -158,6 +183,41 @@ impl<It, F, T, E> Map<It, F, T, E> {
         self.stop_on_error = true;
         self
     }
+
+    /// Yields each outcome with the index of its item in the input,
+    /// `(usize, Result<T, BatchError<E>>)`, in either order. Call it last:
+    /// the other settings are made on the `Map`.
+    ///
+    /// In completion order it is the way to tell which item an outcome is
+    /// for, and with [`stop_on_error`](Map::stop_on_error) in input order it
+    /// names the item that failed (not the next index: an item after
+    /// others still in flight can fail first).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use futures_util::StreamExt;
+    ///
+    /// let pool = offloader::Offloader::builder().build()?;
+    /// let names = ["a.txt", "missing.txt", "b.txt"];
+    /// let mut reads = pool
+    ///     .map(names, |name, _stop| {
+    ///         if name == "missing.txt" { Err("no such file") } else { Ok(name.len()) }
+    ///     })
+    ///     .unordered()
+    ///     .indexed();
+    /// let mut failed = Vec::new();
+    /// while let Some((i, outcome)) = reads.next().await {
+    ///     if let Err(e) = outcome {
+    ///         failed.push(format!("{}: {e}", names[i]));
+    ///     }
+    /// }
+    /// assert_eq!(failed, ["missing.txt: the function failed: no such file"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn indexed(self) -> Indexed<It, F, T, E> {
+        Indexed(self)
+    }
 }
 
 impl<It, F, T, E> Map<It, F, T, E>
@@ -191,47 +251,34 @@ where
 
     /// The error policy's stop: cancels or stops every job in flight and
     /// takes no more items; `error` is yielded after the outcomes before it.
-    fn stop(&mut self, error: BatchError<E>) {
+    fn stop(&mut self, i: usize, error: BatchError<E>) {
         self.closed = true;
         if let Some(group) = &self.group {
             group.stop();
         }
         self.set.clear();
-        self.failed = Some(error);
+        self.failed = Some((i, error));
         // In input order, only the outcomes before the first gap are still
         // yielded.
         if let Some(gap) = self.window.iter().position(Option::is_none) {
             self.window.truncate(gap);
         }
     }
-}
 
-// Nothing is pinned in place: the jobs' futures are boxed.
-impl<It: Unpin, F, T, E> Unpin for Map<It, F, T, E> {}
-
-impl<It, F, T, E> Stream for Map<It, F, T, E>
-where
-    It: Iterator + Unpin,
-    It::Item: Send + 'static,
-    F: Fn(It::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
-    T: Send + 'static,
-    E: Send + 'static,
-{
-    type Item = Result<T, BatchError<E>>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
+    /// The next outcome and its item's index.
+    fn poll_indexed(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Outcome<T, E>)>> {
         loop {
-            if this.ordered && matches!(this.window.front(), Some(Some(_))) {
-                this.yielded += 1;
-                return Poll::Ready(this.window.pop_front().flatten());
+            if self.ordered && matches!(self.window.front(), Some(Some(_))) {
+                let i = self.yielded;
+                self.yielded += 1;
+                return Poll::Ready(self.window.pop_front().flatten().map(|o| (i, o)));
             }
-            if let Some(error) = this.failed.take() {
-                this.window.clear();
-                return Poll::Ready(Some(Err(error)));
+            if let Some((i, error)) = self.failed.take() {
+                self.window.clear();
+                return Poll::Ready(Some((i, Err(error))));
             }
-            this.fill();
-            let (i, outcome) = match this.set.poll_next(cx) {
+            self.fill();
+            let (i, outcome) = match self.set.poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Ready(Some(done)) => done,
@@ -246,22 +293,74 @@ where
             ))) = &outcome
             {
                 // No later item could be accepted either: take no more.
-                this.closed = true;
+                self.closed = true;
             }
             let outcome = match outcome {
-                Err(error) if this.stop_on_error => {
-                    this.stop(error);
+                Err(error) if self.stop_on_error => {
+                    self.stop(i, error);
                     continue;
                 }
                 outcome => outcome,
             };
-            if !this.ordered {
-                return Poll::Ready(Some(outcome));
+            if !self.ordered {
+                return Poll::Ready(Some((i, outcome)));
             }
-            if let Some(slot) = this.window.get_mut(i - this.yielded) {
+            if let Some(slot) = self.window.get_mut(i - self.yielded) {
                 *slot = Some(outcome);
             }
         }
+    }
+}
+
+/// One item's outcome.
+type Outcome<T, E> = Result<T, BatchError<E>>;
+
+// Nothing is pinned in place: `poll_next` takes `&mut Map` out of the pin
+// and never pins a field again (the jobs' futures are boxed by `ReadySet`),
+// so a `!Unpin` iterator, item or outcome does not make the stream
+// `!Unpin`.
+impl<It, F, T, E> Unpin for Map<It, F, T, E> {}
+
+impl<It, F, T, E> Stream for Map<It, F, T, E>
+where
+    It: Iterator,
+    It::Item: Send + 'static,
+    F: Fn(It::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    type Item = Result<T, BatchError<E>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut()
+            .poll_indexed(cx)
+            .map(|next| next.map(|(_, outcome)| outcome))
+    }
+}
+
+/// A [`Map`] whose outcomes come with their item's index, from
+/// [`Map::indexed`]: yields `(usize, Result<T, BatchError<E>>)`.
+#[must_use = "streams do nothing unless polled"]
+pub struct Indexed<It, F, T, E>(Map<It, F, T, E>);
+
+impl<It, F, T, E> Stream for Indexed<It, F, T, E>
+where
+    It: Iterator,
+    It::Item: Send + 'static,
+    F: Fn(It::Item, &StopToken) -> Result<T, E> + Send + Sync + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    type Item = (usize, Result<T, BatchError<E>>);
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().0.poll_indexed(cx)
+    }
+}
+
+impl<It, F, T, E> fmt::Debug for Indexed<It, F, T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Indexed").field(&self.0).finish()
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 
 use futures_core::Stream;
-use offloader::{AbandonPolicy, BatchError, Error, Fate, JobState, StopToken};
+use offloader::{AbandonPolicy, AllFailed, BatchError, Error, Fate, JobState, StopToken};
 use support::*;
 
 /// The next item of a stream, within [`HANG`].
@@ -178,7 +178,8 @@ async fn invoke_any_stops_the_losers_which_keep_their_permits() {
     within("idle", pool.idle()).await;
 }
 
-/// If every function fails, every error comes back in input order.
+/// If every function fails, the race fails with one error, `AllFailed`,
+/// that holds every job's error in input order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invoke_any_returns_every_error_when_all_fail() {
     quiet_deliberate_panics();
@@ -188,13 +189,47 @@ async fn invoke_any_returns_every_error_when_all_fail() {
         Box::new(|_| panic!("{}", ON_PURPOSE)),
         Box::new(|_| Err(2)),
     ];
-    let errors = within("invoke_any", pool.invoke_any(fs)).await.unwrap_err();
+    let AllFailed { errors, .. } = within("invoke_any", pool.invoke_any(fs)).await.unwrap_err();
     assert_eq!(errors.len(), 3);
     assert!(matches!(errors[0], BatchError::Failed(0)));
     assert!(matches!(&errors[1], BatchError::Job(e) if e.is_panic()));
     assert!(matches!(errors[2], BatchError::Failed(2)));
-    let none = pool.invoke_any(Vec::<Call<Result<(), ()>>>::new());
-    assert!(within("empty", none).await.unwrap_err().is_empty());
+    let none = pool.invoke_any(Vec::<Call<Result<(), String>>>::new());
+    let failed = within("empty", none).await.unwrap_err();
+    assert!(failed.errors.is_empty());
+    assert_eq!(failed.to_string(), "no job to run");
+}
+
+/// `invoke_any`'s failure goes up with `?` into a boxed error (it used to
+/// be a `Vec`, which is no error), and its message counts the failures and
+/// quotes the first one once: no source repeats it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoke_any_fails_with_one_error_that_travels_with_question_mark() {
+    async fn race(
+        pool: &offloader::Offloader,
+        n: usize,
+    ) -> Result<(usize, ()), Box<dyn std::error::Error + Send + Sync>> {
+        let fs: Vec<Call<Result<(), std::io::Error>>> = (0..n)
+            .map(|i| -> Call<Result<(), std::io::Error>> {
+                Box::new(move |_| Err(std::io::Error::other(format!("mirror {i} is down"))))
+            })
+            .collect();
+        Ok(pool.invoke_any(fs).await?)
+    }
+    let pool = pool(2, 16);
+    let e = within("a race", race(&pool, 3)).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "all 3 jobs failed; job 0: the function failed: mirror 0 is down"
+    );
+    assert!(e.source().is_none(), "said once: {:?}", e.source());
+    let failed = e.downcast::<AllFailed<std::io::Error>>().unwrap();
+    assert_eq!(failed.errors.len(), 3);
+    let e = within("a race of one", race(&pool, 1)).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the only job failed: the function failed: mirror 0 is down"
+    );
 }
 
 /// Batch calls print how many jobs they carry and their options, and a
@@ -769,4 +804,127 @@ async fn a_timed_out_batch_refuses_the_jobs_still_waiting_for_room() {
     occupied.release().await;
     within("idle", pool.idle()).await;
     assert_ledger(&pool.metrics());
+}
+
+/// An item, value and error type that is `!Unpin`.
+#[derive(Debug)]
+struct Pinned(usize, std::marker::PhantomPinned);
+
+/// `Map` is a stream over any iterator, and `Unpin` whatever it carries:
+/// with `!Unpin` items, values and errors, `StreamExt::next` works on it
+/// without `pin!` or `Box::pin`. (Before, `Map<vec::IntoIter<Pinned>, ..>`
+/// was no `Stream` at all: this test did not compile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_is_an_unpin_stream_over_not_unpin_items() {
+    use futures_util::StreamExt;
+    fn unpin<S: Unpin>(_: &S) {}
+    let pool = pool(2, 16);
+    let items: Vec<Pinned> = (0..4)
+        .map(|i| Pinned(i, std::marker::PhantomPinned))
+        .collect();
+    let mut s = pool
+        .map(items, |p, _| {
+            if p.0 == 2 {
+                Err(Pinned(p.0, std::marker::PhantomPinned))
+            } else {
+                Ok(Pinned(p.0 * 10, std::marker::PhantomPinned))
+            }
+        })
+        .limit(2);
+    unpin(&s);
+    let mut out = Vec::new();
+    while let Some(o) = within("the next item", s.next()).await {
+        out.push(match o {
+            Ok(v) => Ok(v.0),
+            Err(BatchError::Failed(e)) => Err(e.0),
+            Err(e) => panic!("{e:?}"),
+        });
+    }
+    assert_eq!(out, [Ok(0), Ok(10), Err(2), Ok(30)]);
+    let indexed: Vec<usize> = within(
+        "collect",
+        pool.map(vec![Pinned(0, std::marker::PhantomPinned)], |p, _| {
+            Ok::<_, Pinned>(p)
+        })
+        .indexed()
+        .map(|(i, o)| i + o.unwrap().0)
+        .collect::<Vec<_>>(),
+    )
+    .await;
+    assert_eq!(indexed, [0]);
+}
+
+/// `indexed` in completion order: each outcome comes with its item's
+/// index, whatever order the jobs finish in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_indexed_unordered_names_each_outcome_s_item() {
+    use futures_util::StreamExt;
+    let pool = pool(2, 16);
+    let (g, hold) = gate();
+    let mut s = pool
+        .map(["slow", "fast"], move |name, _| {
+            if name == "slow" {
+                hold.wait();
+            }
+            Ok::<_, ()>(name)
+        })
+        .unordered()
+        .indexed();
+    let mut next = async || {
+        let (i, o) = within("the next item", s.next()).await?;
+        Some((i, o.unwrap()))
+    };
+    assert_eq!(next().await, Some((1, "fast")));
+    g.open();
+    assert_eq!(next().await, Some((0, "slow")));
+    assert_eq!(next().await, None);
+}
+
+/// `indexed` in input order with `stop_on_error`: the error names the item
+/// that failed, item 1, although item 0 (still running, then stopped) was
+/// never yielded; counting the outcomes (`enumerate`) would say 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_indexed_names_the_item_that_stopped_the_map() {
+    use futures_util::StreamExt;
+    let pool = pool(2, 16);
+    let (_g, hold) = gate();
+    let (tx, mut started) = signal();
+    let (back_tx, mut back) = signal();
+    let mut s = pool
+        .map(0..2usize, move |i, stop| {
+            if i == 1 {
+                return Err("item 1 failed");
+            }
+            tx.send(()).unwrap();
+            back_tx.send(hold.wait_or_stop(stop)).unwrap();
+            Ok(i)
+        })
+        .stop_on_error()
+        .indexed();
+    match within("the error", s.next()).await {
+        Some((1, Err(BatchError::Failed(e)))) => assert_eq!(e, "item 1 failed"),
+        other => panic!("{other:?}"),
+    }
+    recv("item 0 ran", &mut started).await;
+    assert!(recv("item 0 saw the stop", &mut back).await);
+    assert!(within("the end", s.next()).await.is_none());
+    within("idle", pool.idle()).await;
+    assert!(format!("{s:?}").starts_with("Indexed(Map {"), "{s:?}");
+}
+
+/// `indexed` in input order without errors: indexes count up from 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn map_indexed_in_input_order_counts_up() {
+    use futures_util::StreamExt;
+    let pool = pool(2, 16);
+    let out: Vec<(usize, Result<char, BatchError<()>>)> = within(
+        "collect",
+        pool.map("abcde".chars(), |c, _| Ok(c.to_ascii_uppercase()))
+            .limit(2)
+            .indexed()
+            .collect(),
+    )
+    .await;
+    let out: Vec<(usize, char)> = out.into_iter().map(|(i, o)| (i, o.unwrap())).collect();
+    assert_eq!(out, [(0, 'A'), (1, 'B'), (2, 'C'), (3, 'D'), (4, 'E')]);
 }

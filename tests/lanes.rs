@@ -648,7 +648,7 @@ async fn invoke_any_takes_a_key_and_limiters() {
     gate.open();
     assert_eq!(recv("the second job", &mut started).await, 1);
     let won = within("invoke_any", race).await.unwrap();
-    assert_eq!(won.map_err(|e| e.len()), Ok((1, 1)));
+    assert_eq!(won.map_err(|e| e.errors.len()), Ok((1, 1)));
     pool.idle().await;
     // The third was cancelled, or started in the instant between the
     // winner's return and the race's stop (the winner's worker takes the

@@ -63,7 +63,7 @@ async fn long_maps_and_many_groups_keep_their_memory() {
             .map(|j| move |_: &offloader::StopToken| if j == 1 { Ok(j) } else { Err(j) })
             .collect();
         let won = within("a race", pool.invoke_any(fs)).await;
-        assert!(won.is_ok() || won.is_err_and(|e| e.len() == 3));
+        assert!(won.is_ok() || won.is_err_and(|e| e.errors.len() == 3));
     }
     within("idle", pool.idle()).await;
     let grown = status_kib("VmRSS").saturating_sub(before);

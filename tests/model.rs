@@ -82,8 +82,8 @@ use std::time::{Duration, Instant};
 
 use futures_core::Stream;
 use offloader::{
-    AbandonPolicy, BatchError, Error, EventKind, Fate, JobEvent, JobGroup, JobHandle, JobId,
-    JobState, Metrics, Observer, OffloadFuture, Offloader, Rejected, StopToken, SubmitError,
+    AbandonPolicy, AllFailed, BatchError, Error, EventKind, Fate, JobEvent, JobGroup, JobHandle,
+    JobId, JobState, Metrics, Observer, OffloadFuture, Offloader, Rejected, StopToken, SubmitError,
     WeakOffloader,
 };
 use proptest::prelude::*;
@@ -3032,7 +3032,7 @@ impl Harness {
         let out = self.within("invoke_any", race).await;
         if let Some(r) = refusal {
             let errors = match out {
-                Err(errors) => errors,
+                Err(failed) => failed.errors,
                 Ok(won) => self.fail(format!("invoke_any: expected {r:?} refusals, got {won:?}")),
             };
             ensure!(
@@ -3078,7 +3078,7 @@ impl Harness {
                     first + accepted
                 ));
             }
-            Err(errors) => {
+            Err(AllFailed { errors, .. }) => {
                 ensure!(
                     self,
                     !answers.contains(&Answer::Ok) && errors.len() == n,

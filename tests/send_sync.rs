@@ -4,8 +4,9 @@
 use std::future::{Future, IntoFuture};
 
 use offloader::{
-    AbandonPolicy, BuildError, Builder, Error, Fate, JobHandle, JobId, JobState, Metrics, Offload,
-    OffloadFuture, Offloader, Rejected, StopCallback, StopToken, Stopped, SubmitError,
+    AbandonPolicy, AllFailed, BuildError, Builder, Error, Fate, JobHandle, JobId, JobState,
+    Metrics, Offload, OffloadFuture, Offloader, Rejected, StopCallback, StopToken, Stopped,
+    SubmitError,
 };
 
 fn send<T: Send>() {}
@@ -50,6 +51,28 @@ fn public_types_are_send_and_sync() {
     static_error::<BuildError>();
     static_error::<Stopped>();
     static_error::<SubmitError<Func>>();
+    // `invoke_any`'s failure, for an error type that is one, and for the
+    // `String` a quick closure returns.
+    static_error::<AllFailed<std::io::Error>>();
+    static_error::<AllFailed<String>>();
+    // `map`'s streams, whatever their iterator and item.
+    type Pinned = std::marker::PhantomPinned;
+    type PinnedMap = offloader::Map<
+        std::vec::IntoIter<Pinned>,
+        fn(Pinned, &StopToken) -> Result<Pinned, Pinned>,
+        Pinned,
+        Pinned,
+    >;
+    send::<PinnedMap>();
+    unpin::<PinnedMap>();
+    unpin::<
+        offloader::Indexed<
+            std::vec::IntoIter<Pinned>,
+            fn(Pinned, &StopToken) -> Result<Pinned, Pinned>,
+            Pinned,
+            Pinned,
+        >,
+    >();
 }
 
 /// The concrete closure types users write are accepted too, and the futures

@@ -203,7 +203,7 @@ impl Inner {
                 if searching {
                     s.end_search();
                     // Jobs that passed the intake meanwhile are seen by
-                    // this worker or find it not searching (intake.rs
+                    // this worker or find it not searching (fast/intake.rs
                     // inv. 2), so the baton passes for them too.
                     s.look_at_intake();
                 }
@@ -267,7 +267,7 @@ impl Inner {
             let mut parked_at = Instant::now();
             let mut period = self.config.keep_alive;
             let key = s.park(me, thread::current());
-            // intake.rs inv. 2: a job that passed the intake meanwhile
+            // fast/intake.rs inv. 2: a job that passed the intake meanwhile
             // either is seen here or finds this worker parked and claims it.
             if s.intake_has_jobs() {
                 s.unpark_self(key);

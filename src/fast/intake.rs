@@ -40,18 +40,18 @@
 //!    workers" holds for both doors.
 //! 3. **A ring.** The intake holds at most [`SLOTS`] jobs (fewer if the
 //!    queue bound is lower), in a ring allocated once, by the first job
-//!    that passes the intake (ring.rs, whose invariants say what a job's
+//!    that passes the intake (fast/ring.rs, whose invariants say what a job's
 //!    trip through it costs; a pool that never takes a job keeps none):
 //!    passing it allocates and frees nothing but the job, so a worker
 //!    emptying it never frees memory under the pool lock, in the
 //!    allocator's arena the submitter allocates from. A submitter that
 //!    finds the ring full, or its tail place being filled by another
-//!    submitter (ring.rs inv. 2), gives its place back and goes through the
+//!    submitter (fast/ring.rs inv. 2), gives its place back and goes through the
 //!    lock, whose holder empties the intake before it accepts that job: the
 //!    order of acceptance holds.
 
+use super::ring::{Refused, Ring};
 use crate::job::Task;
-use crate::ring::{Refused, Ring};
 use crate::sync::{fence, AtomicBool, AtomicUsize, Ordering, Padded};
 use std::sync::Arc;
 
@@ -299,7 +299,7 @@ impl Intake {
 
     /// Whether no job waits in the intake (after a `SeqCst` fence: inv. 2;
     /// under the pool lock, exact for every push that has returned:
-    /// ring.rs inv. 3).
+    /// fast/ring.rs inv. 3).
     pub(crate) fn is_empty(&self) -> bool {
         self.jobs.get().is_none_or(Ring::is_empty)
     }

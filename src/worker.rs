@@ -109,10 +109,11 @@ impl Inner {
                 // job to settle (its idle waiters may be woken)
                 // (ARCHITECTURE.md "A job's path"). Otherwise the worker
                 // takes it at its next lock, after that work.
-                // Pairs with the fence of a caller registering its waker
-                // (job.rs `poll_outcome`): the job is terminal now; either
-                // the hint shows that caller's waker, or the caller sees the
-                // terminal state and takes its waker back.
+                // ORDERING: fence pair F4 of src/fast/README.md, with a
+                // caller registering its waker (job.rs `poll_outcome`): the
+                // job is terminal now; either the hint shows that caller's
+                // waker, or the caller sees the terminal state and takes
+                // its waker back.
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
                 // Foreign code left for this thread: a tracing
                 // subscriber's, for the job's span (enabled or not since it

@@ -1,6 +1,7 @@
 //! The fast layer (issue 31): what makes the locked core fast, behind
 //! [`Config::fast`](crate::config::Config::fast), off everywhere when the
-//! crate is built with `--cfg offloader_plain`.
+//! crate is built with `--cfg offloader_plain`. Its protocol, with a proof
+//! sketch for each fence pair, is in `README.md` beside this file.
 //!
 //! - [`intake`]: the lock-free front door of plain jobs: the queue bound's
 //!   count word (shared with the locked door), the gate, the workers'
@@ -10,7 +11,8 @@
 //!
 //! Outside this folder, but part of the layer: the intake's locked side
 //! (`state/intake.rs`), next-job chaining and the worker's spin
-//! (`worker.rs`), and the waker hint (`job.rs`).
+//! (`worker.rs`), and the waker hint (`job.rs`); the README says how each
+//! piece works with the others.
 
 pub(crate) mod caller_spin;
 pub(crate) mod intake;

@@ -44,6 +44,7 @@ impl State {
     /// short unless its thread was preempted.
     pub(super) fn close_intake(&mut self) {
         // Shut, then count (`SeqCst` both; a submitter adds, then looks).
+        // ORDERING: the SeqCst pair F3 of src/fast/README.md.
         self.count.set_closed(true);
         let mut round = 0u32;
         loop {
@@ -82,6 +83,7 @@ impl State {
     /// (fast/intake.rs inv. 2: it published the change, then looks).
     pub(crate) fn look_at_intake(&mut self) {
         if self.intake.is_some() {
+            // ORDERING: fence pair F1 of src/fast/README.md.
             crate::sync::fence(crate::sync::Ordering::SeqCst);
             self.drain_intake();
         }
@@ -93,6 +95,7 @@ impl State {
         let Some(intake) = &self.intake else {
             return false;
         };
+        // ORDERING: fence pair F2 of src/fast/README.md.
         crate::sync::fence(crate::sync::Ordering::SeqCst);
         !intake.is_empty()
     }

@@ -925,10 +925,18 @@ fn a_result_dropped_by_the_worker_may_wait_for_another_thread_s_job() {
             value: Mutex::new(values),
             got,
         };
-        pool.offload(move |_| result)
-            .spawn()
-            .expect("room")
-            .detach();
+        // Returns only once its handle is detached: a result published
+        // before would be dropped with the handle, on this thread, which
+        // would then wait for the job below before offloading it.
+        let (open, hold) = gate();
+        pool.offload(move |_| {
+            hold.wait();
+            result
+        })
+        .spawn()
+        .expect("room")
+        .detach();
+        open.open();
         began.recv_timeout(HANG).expect("the drop began");
         let job = pool
             .offload(move |_| {

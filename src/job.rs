@@ -42,7 +42,7 @@ use std::time::Instant;
 use crate::error::Error;
 use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
 use crate::job_core::{Extras, JobCore};
-use crate::quiet::{drop_quietly, panic_message, wake_quietly};
+use crate::quiet::{drop_quietly, wake_quietly};
 use crate::stop::{StopExt, StopSource, StopToken};
 use crate::sync::{fence, lock, park_timeout, thread, Arc, AtomicBool, Mutex, Ordering};
 
@@ -230,8 +230,8 @@ where
     fn never_ran(&self) -> Error {
         let id = self.core.id;
         match self.core.state_word() {
-            CANCELLED => Error::Cancelled { id },
-            _ => Error::Unstarted { id },
+            CANCELLED => Error::Cancelled { id: Some(id) },
+            _ => Error::ShuttingDown { id: Some(id) },
         }
     }
 
@@ -262,7 +262,11 @@ where
             Cell::Published {
                 outcome: Err(e), ..
             } => return Some(Err(e.again())),
-            Cell::Taken { .. } => return Some(Err(Error::OutcomeTaken { id: self.core.id })),
+            Cell::Taken { .. } => {
+                return Some(Err(Error::OutcomeTaken {
+                    id: Some(self.core.id),
+                }))
+            }
             Cell::NeverRan => return Some(Err(self.never_ran())),
             Cell::Queued { .. } | Cell::Running { .. } => return None,
             Cell::Published { outcome: Ok(_), .. } => {}
@@ -342,14 +346,9 @@ where
         // (`await_imminent_outcome`).
         match result {
             Ok(value) => self.publish(Ok(value)),
-            Err(payload) => {
-                let message = panic_message(payload.as_ref());
-                self.publish(Err(Box::new(Error::Panicked {
-                    id: self.core.id,
-                    message,
-                })));
-                drop_quietly(payload);
-            }
+            // The payload goes with the error to its owner; dropped by the
+            // worker with the job if nobody takes it (worker.rs, quietly).
+            Err(payload) => self.publish(Err(Box::new(Error::panicked(self.core.id, payload)))),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Began;
 
-use crate::error::{Rejected, SubmitError};
+use crate::error::{Error, SubmitError};
 use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
@@ -106,7 +106,7 @@ impl JobGroup {
     /// [`Offloader::offload`], and the group's [`stop`](JobGroup::stop),
     /// [`idle`](JobGroup::idle), [`close`](JobGroup::close) and
     /// [`metrics`](JobGroup::metrics) include it. Refused with
-    /// [`Rejected::GroupStopped`] once the group is stopped or closing.
+    /// [`Error::Cancelled`] (`id: None`) once the group is stopped or closing.
     pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
     where
         F: FnOnce(&StopToken) -> T + Send + 'static,
@@ -148,7 +148,7 @@ where
     /// - **before the job is accepted** (before `spawn` or `submit`
     ///   returns, or while its caller waits for room): it never runs. It is
     ///   accepted and cancelled at once, taking no place in the queue, or
-    ///   refused ([`Rejected::ObserverBehind`]) if an observer's lag holds
+    ///   refused ([`Error::ObserverBehind`]) if an observer's lag holds
     ///   admission back; a caller waiting for room stops waiting;
     /// - **while it is queued:** it is cancelled shortly after, never run;
     /// - **as it starts** (a worker takes it before the watch acts): it runs
@@ -310,7 +310,7 @@ where
     /// its owner handle. Fails, handing the function back, if the offloader
     /// shuts down first, no worker thread could be spawned, or the caller's
     /// [`with_timeout`](Self::with_timeout) passes while it waits for room
-    /// ([`Rejected::FullUntilTimeout`]): the wait for room counts against
+    /// ([`Error::TimedOut`], `id: None`): the wait for room counts against
     /// the timeout.
     ///
     /// ```
@@ -366,14 +366,14 @@ where
                 // nor a job whose token is cancelled (it takes no place, so
                 // only the lag holds it back, and its wait would end at
                 // once, to retry without end).
-                Err((reason @ Rejected::ObserverBehind { .. }, back))
+                Err((reason @ Error::ObserverBehind { .. }, back))
                     if inner.is_delivery_thread() || back.opts.follows_cancelled() =>
                 {
                     inner.count_refusal(&reason);
                     return Err(SubmitError::new(reason, back.func));
                 }
                 // Room, or the observer catching up, frees a slot.
-                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => {
+                Err((Error::Full { .. } | Error::ObserverBehind { .. }, back)) => {
                     this = back;
                     if plain.is_none() && this.opts.limiters.is_empty() && this.opts.key.is_none() {
                         // Tries again once counted: a free permit signalled
@@ -412,7 +412,7 @@ where
     // The refusal hands the whole offload back for the next try; boxing it
     // would allocate on every retry of a caller waiting for room.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
+    pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Error, Self)> {
         // The function's deadline is in real time: it runs on real threads.
         let wait_until = self
             .opts
@@ -448,7 +448,7 @@ fn accept<F, T, const N: usize>(
     job: Arc<Job<F, T, N>>,
     pool: Offloader,
     mut opts: Options,
-) -> Result<JobHandle<T>, (Rejected, Offload<F, T>)>
+) -> Result<JobHandle<T>, (Error, Offload<F, T>)>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,

@@ -6,7 +6,7 @@
 
 mod support;
 
-use offloader::StopToken;
+use offloader::{Error, StopToken};
 use support::*;
 use tokio_util::sync::CancellationToken;
 
@@ -523,7 +523,7 @@ fn a_caller_waiting_for_a_lagging_observer_stops_when_its_token_is_cancelled() {
             assert!(poll_once(awaited.as_mut()).await.is_pending());
             token.cancel();
             let submitted = submitted.await.map(|_| ()).map_err(|e| {
-                let behind = matches!(e.reason(), offloader::Rejected::ObserverBehind { .. });
+                let behind = matches!(e.reason(), Error::ObserverBehind { .. });
                 (behind, e.into_inner()(&StopToken::new()))
             });
             let awaited = awaited.await.map(|_| ());

@@ -339,6 +339,7 @@ where
             return;
         };
         let result = catch_unwind(AssertUnwindSafe(|| func(stop)));
+        self.core.function_gone();
         // Inv. 4: the permit is released before the outcome is visible.
         returned(result.is_err());
         // Published before anything foreign runs (the panic payload's drop):
@@ -368,6 +369,7 @@ where
         // The function is user code: dropped here, outside every lock.
         if let Cell::Queued { func, waker } = previous {
             drop_quietly(func);
+            self.core.function_gone();
             if let Some(w) = waker {
                 wake_quietly(w);
             }
@@ -481,6 +483,7 @@ mod tests {
             None,
             None,
             Default::default(),
+            None,
         ) else {
             panic!("a job with nothing set is plain");
         };

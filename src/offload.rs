@@ -160,7 +160,7 @@ where
     ///
     /// Dropping the job's handle changes none of this. Where the watch and
     /// its stop run: [`JobGroup::stop_on`]. A refused offload hands back
-    /// the function wrapped (the wrapper still runs it).
+    /// the function itself ([`SubmitError::into_inner`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -183,19 +183,9 @@ where
     /// ```
     #[cfg(feature = "tokio-util")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
-    pub fn stop_on(
-        self,
-        token: tokio_util::sync::CancellationToken,
-    ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
-        let mut opts = self.opts;
-        let gone = crate::interop::Follow::add(&mut opts.follow, token);
-        let func = self.func;
-        let func = move |stop: &StopToken| {
-            // Cancels the watch's end when dropped: after the call, or unrun.
-            let _gone = gone;
-            func(stop)
-        };
-        Offload::with_options(self.pool, func, opts)
+    pub fn stop_on(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        crate::interop::Follow::add(&mut self.opts.follow, token);
+        self
     }
 
     /// An awaiting caller does not spin for the outcome (batch calls).
@@ -424,6 +414,12 @@ where
         };
         let mut opts = self.opts;
         let group = opts.group.as_ref().map(JobGroup::key);
+        // Beside the function, not around it: a refusal hands back the
+        // caller's own function.
+        #[cfg(feature = "tokio-util")]
+        let gone = opts.follow.as_mut().map(crate::interop::Follow::attempt);
+        #[cfg(not(feature = "tokio-util"))]
+        let gone = None;
         // The job takes its name, key and limiters (no clone per job: a
         // refusal gives them back below).
         let core = new_core(
@@ -433,6 +429,7 @@ where
             group,
             opts.key.take(),
             std::mem::take(&mut opts.limiters),
+            gone,
         );
         let (pool, func) = (self.pool, self.func);
         match core {

@@ -17,10 +17,10 @@
 //!    which the queue or the worker keeps alive while its function lives.
 //! 3. **Ends with its target.** A job's watch ends when its function has
 //!    run or been dropped (`Gone`, kept beside the function in the job's
-//!    rare parts, fired by the job as it runs or discards it); a group's when
-//!    the group has ended: no
-//!    handle, no child group, no unpublished job of its own (the record
-//!    wakes it). A watch never keeps a group or a job alive past that.
+//!    rare parts, fired by the job as it runs or discards it); a group's
+//!    when the group has ended: no handle, no child group, no unpublished
+//!    job of its own (the record wakes it). A watch never keeps a group or
+//!    a job alive past that.
 //! 4. **Bounded threads.** Every watch of the process is a task on one
 //!    watch thread ([`watch_runtime`]); the stops that fired watches run on
 //!    at most [`STOP_THREADS`] threads of that runtime's blocking pool,

@@ -69,7 +69,7 @@ pin_project_lite::pin_project! {
         pool: Offloader,
         began: Began,
         // Whether this caller already spent its one short spin
-        // (caller_spin.rs).
+        // (fast/caller_spin.rs).
         spun: bool,
         limit: Option<Duration>,
         policy: AbandonPolicy,

@@ -232,7 +232,7 @@ impl<T> JobHandle<T> {
     }
 
     /// Spins for the outcome as long as the pool's callers may now
-    /// (caller_spin.rs), and tells it whether the spin paid; `true` if the
+    /// (fast/caller_spin.rs), and tells it whether the spin paid; `true` if the
     /// outcome is ready.
     pub(crate) fn spin_briefly(&self) -> bool {
         let spin = &self.pool.caller_spin;

@@ -406,8 +406,9 @@ where
         }
         // Registered under the cell lock: `publish` sees it (inv. 3).
         let old = self.set_waker(&mut cell, Some(new));
-        // Pairs with the worker's fence between finishing a job and reading
-        // the waker hint (worker.rs): either the worker sees this waker (and
+        // ORDERING: fence pair F4 of src/fast/README.md, with the worker's
+        // fence between finishing a job and reading the waker hint
+        // (worker.rs `work_loop`): either the worker sees this waker (and
         // starts no next job before waking it), or this caller sees the job
         // already finished and takes its waker back, so that no waker runs
         // on the worker once the next job is marked started.

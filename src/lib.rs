@@ -18,7 +18,6 @@ mod limiter;
 mod policy;
 mod quiet;
 mod ready;
-mod ring;
 mod slab;
 mod sync;
 mod wait_list;
@@ -27,18 +26,18 @@ mod error;
 mod metrics;
 mod stop;
 
-mod intake;
 mod job;
 mod job_core;
 mod observer;
 mod report;
+
+mod fast;
 
 mod state;
 
 mod config;
 mod delivery;
 mod monitor;
-mod pass_intake;
 mod pool;
 mod waits;
 mod worker;
@@ -57,7 +56,6 @@ mod offload;
 
 mod awaited;
 mod batch;
-mod caller_spin;
 #[cfg(feature = "tokio-util")]
 mod interop;
 mod map;
@@ -67,12 +65,8 @@ mod map;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-#[cfg(all(test, not(loom)))]
-mod intake_tests;
 #[cfg(all(test, loom))]
 mod loom_groups;
-#[cfg(all(test, loom))]
-mod loom_intake;
 #[cfg(all(test, loom))]
 mod loom_limiters;
 #[cfg(all(test, loom))]

@@ -21,8 +21,8 @@
 //! | `nested_stop_vs_child_offload` (loom_groups.rs) | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
 //! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
 //!
-//! The models of the intake and its ring (intake.rs, ring.rs) are in
-//! `loom_intake.rs`, those of shared limiters (limiter/mod.rs M1–M3) in
+//! The models of the intake and its ring (fast/intake.rs, fast/ring.rs) are in
+//! `fast/loom.rs`, those of shared limiters (limiter/mod.rs M1–M3) in
 //! `loom_limiters.rs`; their module docs say what each covers.
 
 use std::future::Future as _;
@@ -183,7 +183,7 @@ fn shutdown_vs_submit() {
 }
 
 /// The body of `shutdown_vs_submit` on `pool` (also run with the intake
-/// open: loom_intake.rs), counting in `branches` which outcome each
+/// open: fast/loom.rs), counting in `branches` which outcome each
 /// iteration saw (0: refused; 1: accepted and run).
 pub(crate) fn shutdown_vs_submit_on(pool: Offloader, branches: Option<&Branches<2>>) {
     let hit = |i| branches.inspect(|b| b.hit(i));

@@ -89,14 +89,14 @@ impl Offloader {
 
     /// A pool for a validated configuration.
     pub(crate) fn from_config(config: Config) -> Offloader {
-        let count = std::sync::Arc::new(crate::intake::QueueCount::new());
+        let count = std::sync::Arc::new(crate::fast::intake::QueueCount::new());
         let observed = config.observer.is_some();
         let doorbell = observed.then(|| crossbeam_channel::bounded(1));
         // No observer, no stuck-job monitor: both are the locked path's.
         let fast_layer = config.fast;
         let fast = config.fast && !observed && config.stuck_after.is_none();
-        let intake =
-            fast.then(|| std::sync::Arc::new(crate::intake::Intake::new(config.queue_capacity)));
+        let intake = fast
+            .then(|| std::sync::Arc::new(crate::fast::intake::Intake::new(config.queue_capacity)));
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
             let watcher: std::sync::Weak<dyn crate::limiter::Watcher> = me.clone();
             let state = State::new(
@@ -117,7 +117,7 @@ impl Offloader {
                 changed: Condvar::new(),
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
-                caller_spin: crate::caller_spin::CallerSpin::new(fast_layer),
+                caller_spin: crate::fast::caller_spin::CallerSpin::new(fast_layer),
                 spinner: Padded(std::sync::atomic::AtomicBool::new(false)),
                 doorbell,
                 clock_holds: std::sync::Arc::new(crate::clock::ClockHolds::new({
@@ -219,12 +219,12 @@ pub(crate) struct Inner {
     /// fields submitters read.
     state: Padded<Mutex<State>>,
     /// The count of jobs queued, in the intake or with a place reserved
-    /// (intake.rs inv. 1): the queue bound's reservations; spinning workers
+    /// (fast/intake.rs inv. 1): the queue bound's reservations; spinning workers
     /// read its lock holders' half as a hint (`QueueCount::in_queue`;
     /// decisions are re-checked under the lock).
-    pub(crate) queue_count: std::sync::Arc<crate::intake::QueueCount>,
-    /// The front door of plain jobs (intake.rs), if this pool has one.
-    pub(crate) intake: Option<std::sync::Arc<crate::intake::Intake>>,
+    pub(crate) queue_count: std::sync::Arc<crate::fast::intake::QueueCount>,
+    /// The front door of plain jobs (fast/intake.rs), if this pool has one.
+    pub(crate) intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
     /// Signalled (after unlocking) when the pool may have become idle or
     /// terminated: blocking waiters and the stuck-job monitor.
     pub(crate) changed: Condvar,
@@ -237,8 +237,8 @@ pub(crate) struct Inner {
     /// This pool, for work done from a `&self` path that may spawn a
     /// worker (a limiter's wake-up).
     me: std::sync::Weak<Inner>,
-    /// May an awaiting caller spin, and how long (caller_spin.rs)?
-    pub(crate) caller_spin: crate::caller_spin::CallerSpin,
+    /// May an awaiting caller spin, and how long (fast/caller_spin.rs)?
+    pub(crate) caller_spin: crate::fast::caller_spin::CallerSpin,
     /// Set while a worker spins for work (worker.rs `claim_spin`): one
     /// spins at a time, so that idle workers do not take every core from
     /// the threads that submit (ARCHITECTURE.md "Spinning"). A hint: no
@@ -258,7 +258,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// Takes the pool lock, and moves the jobs waiting in the intake into
-    /// the queue first (intake.rs): under the lock, the queue is every job
+    /// the queue first (fast/intake.rs): under the lock, the queue is every job
     /// accepted so far.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         let mut s = lock(&self.state);
@@ -364,6 +364,51 @@ impl Inner {
                 None => unreachable!("a refused job still holds its function"),
             },
         }
+    }
+
+    /// Transition *accept* through the intake, without the pool lock, for
+    /// a plain job while the intake is open and the queue has room
+    /// ([`Intake::pass`](crate::fast::intake::Intake::pass)); the job is
+    /// handed back otherwise. A job appended wakes a worker if none
+    /// searches and one can be woken (inv. 2 of [`crate::fast::intake`]).
+    fn pass_intake(
+        self: &Arc<Self>,
+        task: Arc<dyn Task>,
+        cancelled: bool,
+    ) -> Result<(), Arc<dyn Task>> {
+        let Some(intake) = &self.intake else {
+            return Err(task);
+        };
+        let passed = intake.pass(
+            &self.queue_count,
+            self.config.queue_capacity,
+            task,
+            cancelled,
+        )?;
+        let mut spawn_error = None;
+        if passed.needs_worker {
+            let mut after = After::default();
+            spawn_error = {
+                let mut s = self.lock();
+                if s.has_startable() {
+                    let worker = s.find_worker();
+                    self.provide_worker(&mut s, worker, &mut after).err()
+                } else {
+                    None
+                }
+            };
+            self.after(after);
+        }
+        // A paused test clock let go while the work stalled is held again
+        // (clock.rs), as after any transition that can end a stall.
+        self.clock_holds.wake_if_dormant();
+        if let Some(accepted) = passed.accepted {
+            tracing::trace!(parent: &accepted.core().span(), "accepted");
+        }
+        if let Some(e) = spawn_error {
+            tracing::warn!(error = %e, "could not spawn another worker thread; the job waits for a busy one");
+        }
+        Ok(())
     }
 
     /// Transition *accept*, with the wake protocol: a searching worker, a

@@ -20,7 +20,7 @@ pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 pub(crate) use std::thread;
 
 /// Whether workers and callers spin before they park (worker.rs,
-/// caller_spin.rs): spinning saves a futex wake-up when jobs arrive back
+/// fast/caller_spin.rs): spinning saves a futex wake-up when jobs arrive back
 /// to back. Off under loom, whose scheduler cannot preempt a spin loop.
 pub(crate) const SPIN: bool = cfg!(not(loom));
 

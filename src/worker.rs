@@ -109,10 +109,11 @@ impl Inner {
                 // job to settle (its idle waiters may be woken)
                 // (ARCHITECTURE.md "A job's path"). Otherwise the worker
                 // takes it at its next lock, after that work.
-                // Pairs with the fence of a caller registering its waker
-                // (job.rs `poll_outcome`): the job is terminal now; either
-                // the hint shows that caller's waker, or the caller sees the
-                // terminal state and takes its waker back.
+                // ORDERING: fence pair F4 of src/fast/README.md, with a
+                // caller registering its waker (job.rs `poll_outcome`): the
+                // job is terminal now; either the hint shows that caller's
+                // waker, or the caller sees the terminal state and takes
+                // its waker back.
                 crate::sync::fence(crate::sync::Ordering::SeqCst);
                 // Foreign code left for this thread: a tracing
                 // subscriber's, for the job's span (enabled or not since it
@@ -203,7 +204,7 @@ impl Inner {
                 if searching {
                     s.end_search();
                     // Jobs that passed the intake meanwhile are seen by
-                    // this worker or find it not searching (intake.rs
+                    // this worker or find it not searching (fast/intake.rs
                     // inv. 2), so the baton passes for them too.
                     s.look_at_intake();
                 }
@@ -267,7 +268,7 @@ impl Inner {
             let mut parked_at = Instant::now();
             let mut period = self.config.keep_alive;
             let key = s.park(me, thread::current());
-            // intake.rs inv. 2: a job that passed the intake meanwhile
+            // fast/intake.rs inv. 2: a job that passed the intake meanwhile
             // either is seen here or finds this worker parked and claims it.
             if s.intake_has_jobs() {
                 s.unpark_self(key);

@@ -1,4 +1,4 @@
-//! The intake (src/intake.rs, ARCHITECTURE.md "The intake"): a job of no
+//! The intake (src/fast/intake.rs, ARCHITECTURE.md "The intake"): a job of no
 //! group is accepted without the pool lock. Everything the locked path
 //! promises still holds: the
 //! queue bound, FIFO across both kinds of job, the ledger in every
@@ -85,7 +85,7 @@ async fn a_plain_job_offered_after_a_shutdown_is_refused() {
     assert!(matches!(refused.reason(), Error::ShuttingDown { id: None }));
 }
 
-/// Invariant 8 and intake.rs inv. 1: many threads offering plain jobs to
+/// Invariant 8 and fast/intake.rs inv. 1: many threads offering plain jobs to
 /// a pool whose permit is held get exactly `queue_capacity` of them in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_bound_holds_for_many_threads_at_the_intake() {
@@ -132,7 +132,7 @@ fn shutdown_race(
     (pool, ran, accepted)
 }
 
-/// ARCH 4 and 6 (intake.rs inv. 1): plain jobs offered while a graceful
+/// ARCH 4 and 6 (fast/intake.rs inv. 1): plain jobs offered while a graceful
 /// shutdown begins are refused or run, never accepted and lost.
 #[test]
 fn a_shutdown_racing_the_intake_runs_or_refuses_every_job() {
@@ -322,7 +322,7 @@ async fn a_plain_job_is_counted_and_cancellable_at_once() {
     assert_eq!(m.cancelled, 1);
 }
 
-/// ring.rs inv. 2–3 through the pool: submitters racing at the intake
+/// fast/ring.rs inv. 2–3 through the pool: submitters racing at the intake
 /// (some find another filling the place at the tail and take the lock)
 /// each cancel every job right after its `spawn` returns. A job is never
 /// hidden behind a place still being filled: every cancel wins, none runs,

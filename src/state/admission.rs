@@ -34,7 +34,7 @@ impl State {
     }
 
     /// Reserves the job's place in the queue bound, on the same word as a
-    /// submitter at the intake (intake.rs inv. 1): refused if as many jobs
+    /// submitter at the intake (fast/intake.rs inv. 1): refused if as many jobs
     /// as the bound already wait for a permit, unless the job would start
     /// at once. Jobs at the intake are counted as waiting; if that alone
     /// would refuse the job, the intake is closed (which moves them into

@@ -1,4 +1,4 @@
-//! The intake's half of [`State`] (intake.rs): moving what passed it into
+//! The intake's half of [`State`] (fast/intake.rs): moving what passed it into
 //! the queue, its gate, and the workers' counts its submitters read.
 
 use super::{After, Room, State, Waiters};
@@ -38,12 +38,13 @@ impl State {
     }
 
     /// Closes the intake and waits until every place reserved at it is
-    /// filled and its job moved into the queue, or given back (intake.rs
+    /// filled and its job moved into the queue, or given back (fast/intake.rs
     /// inv. 1). A submitter fills its place a few instructions after
     /// reserving it (no lock, no foreign code between), so the wait is
     /// short unless its thread was preempted.
     pub(super) fn close_intake(&mut self) {
         // Shut, then count (`SeqCst` both; a submitter adds, then looks).
+        // ORDERING: the SeqCst pair F3 of src/fast/README.md.
         self.count.set_closed(true);
         let mut round = 0u32;
         loop {
@@ -69,7 +70,7 @@ impl State {
     }
 
     /// Publishes the workers' counts to submitters at the intake
-    /// (intake.rs inv. 2): searching, and parked or not yet spawned.
+    /// (fast/intake.rs inv. 2): searching, and parked or not yet spawned.
     pub(super) fn publish_workers(&self) {
         if let Some(intake) = &self.intake {
             let wakeable = self.parked_list.len() + self.max_in_flight.saturating_sub(self.workers);
@@ -79,20 +80,22 @@ impl State {
 
     /// A worker stopped searching: jobs that passed the intake since this
     /// critical section began join the queue now, so the worker sees them
-    /// (intake.rs inv. 2: it published the change, then looks).
+    /// (fast/intake.rs inv. 2: it published the change, then looks).
     pub(crate) fn look_at_intake(&mut self) {
         if self.intake.is_some() {
+            // ORDERING: fence pair F1 of src/fast/README.md.
             crate::sync::fence(crate::sync::Ordering::SeqCst);
             self.drain_intake();
         }
     }
 
     /// Whether a job waits in the intake (after publishing a change of the
-    /// workers' counts: intake.rs inv. 2).
+    /// workers' counts: fast/intake.rs inv. 2).
     pub(crate) fn intake_has_jobs(&self) -> bool {
         let Some(intake) = &self.intake else {
             return false;
         };
+        // ORDERING: fence pair F2 of src/fast/README.md.
         crate::sync::fence(crate::sync::Ordering::SeqCst);
         !intake.is_empty()
     }
@@ -130,7 +133,7 @@ impl State {
     /// Whether a parked worker whose keep-alive expired may retire: not the
     /// last one while jobs are queued ([`must_keep_worker`](Self::must_keep_worker)).
     /// The last one first closes the intake, so that no job passes it
-    /// after the worker looked (intake.rs inv. 1); the intake stays closed
+    /// after the worker looked (fast/intake.rs inv. 1); the intake stays closed
     /// if it goes (no worker lives then), and opens again if it stays.
     pub(crate) fn may_retire(&mut self) -> bool {
         if self.workers == 1 && self.intake.is_some() {

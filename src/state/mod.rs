@@ -348,14 +348,14 @@ pub(crate) struct State {
     events: EventQueue,
     counts: Counts,
     /// The jobs queued, in the intake, or with a place reserved in the
-    /// queue bound (intake.rs inv. 1); its lock holders' half is read by
+    /// queue bound (fast/intake.rs inv. 1); its lock holders' half is read by
     /// spinning workers.
-    count: std::sync::Arc<crate::intake::QueueCount>,
+    count: std::sync::Arc<crate::fast::intake::QueueCount>,
     /// Jobs that left the queue, ever (wrapping): `count`'s other half.
     left: usize,
-    /// The pool's intake (intake.rs), if plain jobs may pass one: no
+    /// The pool's intake (fast/intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
-    intake: Option<std::sync::Arc<crate::intake::Intake>>,
+    intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
     /// Places reserved in `admit` whose jobs are not yet accepted (within
     /// one critical section).
     reserved: usize,
@@ -367,9 +367,9 @@ impl State {
         queue_capacity: usize,
         observer_lag: Option<usize>,
         key_limits: KeyLimits,
-        count: std::sync::Arc<crate::intake::QueueCount>,
+        count: std::sync::Arc<crate::fast::intake::QueueCount>,
         watcher: std::sync::Weak<dyn crate::limiter::Watcher>,
-        intake: Option<std::sync::Arc<crate::intake::Intake>>,
+        intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
     ) -> Self {
         let mut lanes = Slab::default();
         let default = lanes.insert(lanes::Lane::new(None, usize::MAX));
@@ -432,7 +432,7 @@ impl State {
             return false;
         }
         self.shutdown = true;
-        // Nothing passes the intake from now on (intake.rs inv. 1).
+        // Nothing passes the intake from now on (fast/intake.rs inv. 1).
         self.refresh_intake();
         self.claim_all_parked(after);
         after.room = Room::All;

@@ -29,7 +29,7 @@ fn state(max_in_flight: usize, capacity: usize, watcher: &Arc<TestPool>) -> Stat
         capacity,
         None,
         limits,
-        Arc::new(crate::intake::QueueCount::new()),
+        Arc::new(crate::fast::intake::QueueCount::new()),
         TestPool::weak(watcher),
         None,
     )

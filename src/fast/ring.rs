@@ -1,5 +1,5 @@
 //! A bounded FIFO with many producers and one consumer, in safe code: the
-//! intake's ring (intake.rs inv. 3).
+//! intake's ring (fast/intake.rs inv. 3).
 //!
 //! After Dmitry Vyukov's bounded queue, with the consumer's side simplified
 //! (only the holder of the pool lock takes from it, so `head` needs no

@@ -1,15 +1,15 @@
-//! Loom models of the intake (intake.rs inv. 1–3) and of its ring (ring.rs
+//! Loom models of the intake (fast/intake.rs inv. 1–3) and of its ring (fast/ring.rs
 //! inv. 1–3). Run with the others (`loom_tests.rs`).
 //!
 //! | model | covers |
 //! |---|---|
-//! | `intake_vs_shutdown` | ARCH 4 and 6; intake.rs inv. 1: a plain job offered at the intake while a shutdown closes it is either refused (function handed back, never run) or accepted and run |
-//! | `intake_vs_parking_worker` | intake.rs inv. 2: a plain job appended to the intake while the only worker stops searching and parks is seen by it or wakes it; it runs |
-//! | `intake_vs_a_searcher_taking_a_job` | intake.rs inv. 2 at two permits: a job appended while the only searcher takes another job (its submitter saw a searcher and woke nobody) gets the second worker instead of waiting for the first job's end (that job waits for it: without the searcher's look at the intake, a deadlock) |
-//! | `a_full_intake_vs_the_worker_emptying_it` | intake.rs inv. 3: jobs offered to a full intake (two slots under loom) while the worker empties it take the lock, which empties it first: every job runs, in the order offered, and the ledger balances |
-//! | `ring_producers_vs_the_consumer` | ring.rs inv. 1–3: two producers race for the last free place of a two-place ring, on its second lap, while the consumer takes the value ahead of it: the oldest value leaves first, each value is taken or handed back exactly once, and only one producer at most is refused |
-//! | `a_returned_push_is_never_hidden_behind_one_going_in` | ring.rs inv. 2–3: a value whose push returned is taken by a consumer that knows of it, never hidden behind a place still being filled (so a job whose `spawn` returned is in the queue at the next lock) |
-//! | `producers_with_room_are_never_told_full` | ring.rs inv. 2: a producer that read `tail` before another claimed and filled that position reads it again, and is not told "full" while the ring has room |
+//! | `intake_vs_shutdown` | ARCH 4 and 6; fast/intake.rs inv. 1: a plain job offered at the intake while a shutdown closes it is either refused (function handed back, never run) or accepted and run |
+//! | `intake_vs_parking_worker` | fast/intake.rs inv. 2: a plain job appended to the intake while the only worker stops searching and parks is seen by it or wakes it; it runs |
+//! | `intake_vs_a_searcher_taking_a_job` | fast/intake.rs inv. 2 at two permits: a job appended while the only searcher takes another job (its submitter saw a searcher and woke nobody) gets the second worker instead of waiting for the first job's end (that job waits for it: without the searcher's look at the intake, a deadlock) |
+//! | `a_full_intake_vs_the_worker_emptying_it` | fast/intake.rs inv. 3: jobs offered to a full intake (two slots under loom) while the worker empties it take the lock, which empties it first: every job runs, in the order offered, and the ledger balances |
+//! | `ring_producers_vs_the_consumer` | fast/ring.rs inv. 1–3: two producers race for the last free place of a two-place ring, on its second lap, while the consumer takes the value ahead of it: the oldest value leaves first, each value is taken or handed back exactly once, and only one producer at most is refused |
+//! | `a_returned_push_is_never_hidden_behind_one_going_in` | fast/ring.rs inv. 2–3: a value whose push returned is taken by a consumer that knows of it, never hidden behind a place still being filled (so a job whose `spawn` returned is in the queue at the next lock) |
+//! | `producers_with_room_are_never_told_full` | fast/ring.rs inv. 2: a producer that read `tail` before another claimed and filled that position reads it again, and is not told "full" while the ring has room |
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
@@ -162,7 +162,7 @@ fn a_full_intake_vs_the_worker_emptying_it() {
     BRANCHES.assert_all(["held job not started yet", "held job started"]);
 }
 
-/// ring.rs inv. 1–3: two producers race for the ring's last free place
+/// fast/ring.rs inv. 1–3: two producers race for the ring's last free place
 /// (on its second lap) while the consumer takes the value ahead of it:
 /// each value accepted is taken exactly once, in the order of its
 /// position; a producer is refused (full, or the other filling the place
@@ -170,7 +170,7 @@ fn a_full_intake_vs_the_worker_emptying_it() {
 #[test]
 fn ring_producers_vs_the_consumer() {
     loom::model(|| {
-        let ring = Arc::new(crate::ring::Ring::new(2));
+        let ring = Arc::new(super::ring::Ring::new(2));
         // Lap one passes: the next position, 2, is the first place's again.
         assert_eq!(ring.push(0), Ok(()));
         assert_eq!(ring.pop(), Some(0));
@@ -186,7 +186,7 @@ fn ring_producers_vs_the_consumer() {
         let refused: Vec<i32> = producers
             .into_iter()
             .filter_map(|p| p.join().expect("producer"))
-            .map(crate::ring::Refused::into_inner)
+            .map(super::ring::Refused::into_inner)
             .collect();
         while let Some(v) = ring.pop() {
             got.push(v);
@@ -202,13 +202,13 @@ fn ring_producers_vs_the_consumer() {
     });
 }
 
-/// ring.rs inv. 2–3: a value whose push has returned is never hidden
+/// fast/ring.rs inv. 2–3: a value whose push has returned is never hidden
 /// behind a place another producer is still filling: a consumer that
 /// knows of the push (here through a flag) takes that value.
 #[test]
 fn a_returned_push_is_never_hidden_behind_one_going_in() {
     loom::model(|| {
-        let ring = Arc::new(crate::ring::Ring::new(2));
+        let ring = Arc::new(super::ring::Ring::new(2));
         let pushed = Arc::new(AtomicBool::new(false));
         let first = {
             let ring = ring.clone();
@@ -237,13 +237,13 @@ fn a_returned_push_is_never_hidden_behind_one_going_in() {
     });
 }
 
-/// ring.rs inv. 2: in a ring with room for both, two producers are never
+/// fast/ring.rs inv. 2: in a ring with room for both, two producers are never
 /// told "full", whatever their interleaving (one that read `tail` before
 /// the other moved it reads it again); at most one is told "busy".
 #[test]
 fn producers_with_room_are_never_told_full() {
     loom::model(|| {
-        let ring = Arc::new(crate::ring::Ring::new(4));
+        let ring = Arc::new(super::ring::Ring::new(4));
         let producers: Vec<_> = [1, 2]
             .into_iter()
             .map(|v| {
@@ -255,8 +255,8 @@ fn producers_with_room_are_never_told_full() {
         for p in producers {
             match p.join().expect("producer") {
                 Ok(()) => {}
-                Err(crate::ring::Refused::Busy(_)) => busy += 1,
-                Err(crate::ring::Refused::Full(v)) => panic!("{v} told full with room"),
+                Err(super::ring::Refused::Busy(_)) => busy += 1,
+                Err(super::ring::Refused::Full(v)) => panic!("{v} told full with room"),
             }
         }
         assert!(busy <= 1);

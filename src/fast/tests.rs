@@ -1,4 +1,4 @@
-//! Tests of the intake (intake.rs): what passes it, when it opens and
+//! Tests of the intake (fast/intake.rs): what passes it, when it opens and
 //! closes, and how admission and closing treat a place reserved at it.
 
 use std::sync::mpsc;

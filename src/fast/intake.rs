@@ -1,5 +1,6 @@
 //! The intake: the pool's front door for plain jobs, which a submitter
-//! passes without taking the pool lock (ARCHITECTURE.md "The intake").
+//! passes without taking the pool lock. Its protocol, with the proof
+//! sketches of fence pairs F1–F3, is in `src/fast/README.md`.
 //!
 //! A *plain* job is one of no group (its name, key, limiters, timeout or
 //! deadline do not matter), not following a token cancelled
@@ -40,18 +41,18 @@
 //!    workers" holds for both doors.
 //! 3. **A ring.** The intake holds at most [`SLOTS`] jobs (fewer if the
 //!    queue bound is lower), in a ring allocated once, by the first job
-//!    that passes the intake (ring.rs, whose invariants say what a job's
+//!    that passes the intake (fast/ring.rs, whose invariants say what a job's
 //!    trip through it costs; a pool that never takes a job keeps none):
 //!    passing it allocates and frees nothing but the job, so a worker
 //!    emptying it never frees memory under the pool lock, in the
 //!    allocator's arena the submitter allocates from. A submitter that
 //!    finds the ring full, or its tail place being filled by another
-//!    submitter (ring.rs inv. 2), gives its place back and goes through the
+//!    submitter (fast/ring.rs inv. 2), gives its place back and goes through the
 //!    lock, whose holder empties the intake before it accepts that job: the
 //!    order of acceptance holds.
 
+use super::ring::{Refused, Ring};
 use crate::job::Task;
-use crate::ring::{Refused, Ring};
 use crate::sync::{fence, AtomicBool, AtomicUsize, Ordering, Padded};
 use std::sync::Arc;
 
@@ -112,6 +113,8 @@ impl QueueCount {
     /// that left the queue (`left`, the lock holder's own copy), and the
     /// `reserved` word it was computed from, for [`reserve_exact`](Self::reserve_exact).
     pub(crate) fn exact(&self, left: usize) -> (usize, usize) {
+        // ORDERING: the SeqCst pair F3 of src/fast/README.md (a closer's
+        // load, after it shut the gate).
         let reserved = self.submitted.reserved.load(Ordering::SeqCst);
         (reserved.wrapping_sub(left), reserved)
     }
@@ -163,6 +166,7 @@ impl QueueCount {
     /// (`SeqCst` both): a closer that missed this place waits for it.
     pub(crate) fn reserve_at_intake(&self, capacity: usize) -> bool {
         let s = &self.submitted;
+        // ORDERING: the SeqCst pair F3 of src/fast/README.md.
         let before = s.reserved.fetch_add(1, Ordering::SeqCst);
         if s.closed.load(Ordering::SeqCst) {
             self.unreserve();
@@ -186,6 +190,7 @@ impl QueueCount {
     /// Under the pool lock: opens or closes the gate. A closer then waits
     /// for the places reserved before (`State::close_intake`).
     pub(crate) fn set_closed(&self, closed: bool) {
+        // ORDERING: the SeqCst pair F3 of src/fast/README.md.
         self.submitted.closed.store(closed, Ordering::SeqCst);
     }
 
@@ -293,13 +298,14 @@ impl Intake {
     /// its job in at the tail (inv. 3).
     pub(crate) fn push(&self, task: Arc<dyn Task>) -> Result<(), Arc<dyn Task>> {
         self.jobs.made().push(task).map_err(Refused::into_inner)?;
+        // ORDERING: fence pairs F1 and F2 of src/fast/README.md.
         fence(Ordering::SeqCst);
         Ok(())
     }
 
     /// Whether no job waits in the intake (after a `SeqCst` fence: inv. 2;
     /// under the pool lock, exact for every push that has returned:
-    /// ring.rs inv. 3).
+    /// fast/ring.rs inv. 3).
     pub(crate) fn is_empty(&self) -> bool {
         self.jobs.get().is_none_or(Ring::is_empty)
     }
@@ -312,10 +318,9 @@ impl Intake {
     /// Under the pool lock: publishes the workers' counts (inv. 2).
     pub(crate) fn set_workers(&self, searching: usize, wakeable: usize) {
         let word = (searching.min(HALF_MAX) << HALF) | wakeable.min(HALF_MAX);
-        // ORDERING: a worker that stops searching fences (`SeqCst`) after
-        // this store and before it looks at the intake (state/intake.rs
-        // `look_at_intake`, `intake_has_jobs`); a submitter fences after
-        // appending and before its load: the fences pair.
+        // ORDERING: fence pairs F1 and F2 of src/fast/README.md (the
+        // fence after this store is the worker's: `State::look_at_intake`,
+        // `State::intake_has_jobs`).
         self.workers.store(word, Ordering::Release);
     }
 

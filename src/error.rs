@@ -439,9 +439,9 @@ impl fmt::Display for Fate {
 /// captures (the function is `Send`; it is kept behind a lock, so that the
 /// error is `Sync` even when the function is not), so `spawn()?` works in a
 /// function returning `anyhow::Result` or `Box<dyn Error + Send + Sync>`.
-/// Its message is its [`reason`](Self::reason)'s, and it has no
-/// [`source`](std::error::Error::source): printed with its chain (anyhow's
-/// `{:#}`), the reason shows once.
+/// Its message is its [`reason`](Self::reason)'s, and its
+/// [`source`](std::error::Error::source) is the reason's source, not the
+/// reason: printed with its chain (anyhow's `{:#}`), the reason shows once.
 ///
 /// Boxed as it is, it downcasts to `SubmitError<F>`, whose `F` a handler
 /// cannot name. To keep the refusal downcastable to [`Error`] (to answer
@@ -523,10 +523,14 @@ impl<F> fmt::Display for SubmitError<F> {
     }
 }
 
-/// No `source`: the message is the reason's own, which must not print twice
-/// in a chain. The reason's own source (an OS error) is reached through
-/// [`reason`](SubmitError::reason).
-impl<F> std::error::Error for SubmitError<F> {}
+/// The source is the reason's own (an OS error for
+/// [`Error::ThreadSpawn`]), not the reason: its message is this error's
+/// already, and must not print twice in a chain.
+impl<F> std::error::Error for SubmitError<F> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.reason)
+    }
+}
 
 impl<F> From<SubmitError<F>> for Error {
     /// The reason; the function is dropped.
@@ -660,7 +664,8 @@ mod tests {
     }
 
     /// A refused submission prints its reason once (not its function), has
-    /// no source to print it again, and gives its function back.
+    /// not the reason as its source (to print it again), and gives its
+    /// function back.
     #[test]
     fn a_submit_error_prints_its_reason_once_and_gives_the_function_back() {
         let e = SubmitError::new(Error::Full { capacity: 3 }, |x: u8| x + 1);
@@ -670,6 +675,10 @@ mod tests {
         assert_eq!(e.to_string(), Error::Full { capacity: 3 }.to_string());
         assert!(std::error::Error::source(&e).is_none());
         assert_eq!(e.into_inner()(1), 2);
+        // The reason's own source comes next in the chain, not the reason.
+        let e = SubmitError::new(Error::ThreadSpawn(std::io::Error::other("no threads")), ());
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("no threads"));
     }
 
     /// A panic's payload goes to the first wait; a later one gets its

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use offloader::{AbandonPolicy, Error, Fate, Offloader, Rejected, StopToken};
+use offloader::{AbandonPolicy, Error, Fate, JobState, Offloader, StopToken};
 
 /// RSS may grow by at most this much over the start.
 const RSS_BOUND_KIB: u64 = 64 * 1024;
@@ -539,7 +539,7 @@ fn watch_handle(pool: &Offloader) -> Option<offloader::JobHandle<u32>> {
     loop {
         match pool.offload(|_| 7u32).spawn() {
             Ok(h) => return Some(h),
-            Err(e) if matches!(e.reason(), Rejected::Full { .. }) => {
+            Err(e) if matches!(e.reason(), Error::Full { .. }) => {
                 if Instant::now() > deadline {
                     return None;
                 }
@@ -705,24 +705,27 @@ fn judge(
                 bad(format!("panic error does not say what happened: {text}"));
             }
         }
-        Err(e @ (Error::Cancelled { .. } | Error::Unstarted { .. })) => {
+        Err(e @ (Error::Cancelled { id: Some(_) } | Error::ShuttingDown { id: Some(_) })) => {
             let text = e.to_string();
             if !text.contains("never") {
                 bad(format!("never-run error does not say so: {text}"));
             }
             never_ran();
         }
+        Err(Error::TimedOut { id: None, .. }) => {
+            if ran.load(Ordering::SeqCst) {
+                bad("refused, but it ran".to_owned());
+            }
+        }
         Err(Error::TimedOut { fate, state, .. }) => {
-            if state.is_terminal() && *fate != Fate::AlreadyFinished {
+            if state.is_some_and(JobState::is_terminal) && *fate != Fate::Finished {
                 bad(format!("timed out in a terminal state: {outcome:?}"));
             }
-            if *fate == Fate::CancelledBeforeStart {
+            if *fate == Fate::Cancelled {
                 never_ran();
             }
         }
-        Err(Error::Rejected(
-            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } | Rejected::ShuttingDown,
-        )) => {
+        Err(Error::Full { .. } | Error::ShuttingDown { id: None }) => {
             if ran.load(Ordering::SeqCst) {
                 bad("rejected, but it ran".to_owned());
             }
@@ -786,7 +789,7 @@ async fn driver(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
                     }
                     let prevented = h.cancel();
                     let r = h.await;
-                    if prevented && !matches!(r, Err(Error::Cancelled { .. })) {
+                    if prevented && !matches!(r, Err(Error::Cancelled { id: Some(_) })) {
                         ctx.totals
                             .fail(format!("cancel() returned true but the outcome was {r:?}"));
                     }

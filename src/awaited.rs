@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::clock::{Began, ClockHold};
-use crate::error::{Error, Rejected, SubmitError};
+use crate::error::{Error, SubmitError};
 use crate::handle::JobHandle;
 use crate::offload::Offload;
 use crate::policy::{AbandonPolicy, Departure};
@@ -126,11 +126,11 @@ where
                 match o.try_accept(*this.began) {
                     Ok(handle) => *this.stage = Stage::Wait(handle),
                     // The queue is full: it would have waited for room.
-                    Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, _)) => {}
+                    Err((Error::Full { .. } | Error::ObserverBehind { .. }, _)) => {}
                     Err((reason, _)) => {
                         this.pool.inner().count_refusal(&reason);
                         *this.stage = Stage::Done;
-                        return Some(Err(Error::Rejected(reason)));
+                        return Some(Err(reason));
                     }
                 }
             }
@@ -156,7 +156,7 @@ where
                     let inner = this.pool.inner();
                     let reason = inner.gave_up_waiting(waited);
                     inner.count_refusal(&reason);
-                    Some(Err(Error::Rejected(reason)))
+                    Some(Err(reason))
                 }
                 Departure::Dropped => None,
             },
@@ -198,16 +198,13 @@ where
                             };
                             match o.try_accept(*this.began) {
                                 Ok(handle) => Ok(handle),
-                                Err((
-                                    Rejected::Full { .. } | Rejected::ObserverBehind { .. },
-                                    back,
-                                )) => {
+                                Err((Error::Full { .. } | Error::ObserverBehind { .. }, back)) => {
                                     *waiting = Some(Box::pin(back.submit_from(*this.began)));
                                     continue;
                                 }
                                 Err((reason, back)) => {
                                     back.pool.inner().count_refusal(&reason);
-                                    Err(Error::Rejected(reason))
+                                    Err(reason)
                                 }
                             }
                         }
@@ -221,7 +218,7 @@ where
                                 *waiting = None;
                                 let reason = this.pool.inner().gave_up_waiting(this.began.waited());
                                 this.pool.inner().count_refusal(&reason);
-                                Err(Error::Rejected(reason))
+                                Err(reason)
                             }
                         },
                     };
@@ -259,7 +256,7 @@ where
                 }
                 // Polling a finished future is a caller bug, reported as an
                 // error rather than a panic.
-                Stage::Done => return Poll::Ready(Err(Error::PolledAfterCompletion)),
+                Stage::Done => return Poll::Ready(Err(Error::OutcomeTaken { id: None })),
             }
         }
     }

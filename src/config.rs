@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::BuildError;
+use crate::error::{BuildError, BuildErrorKind};
 use crate::observer::{Observer, ObserverSlot};
 use crate::policy::AbandonPolicy;
 use crate::state::KeyLimits;
@@ -111,7 +111,7 @@ impl Builder {
 
     /// How many accepted jobs may wait for a permit (default
     /// [`DEFAULT_QUEUE_CAPACITY`]). Beyond it, awaiting an offload waits for
-    /// room and [`Offload::spawn`](crate::Offload::spawn) fails with [`Rejected::Full`](crate::Rejected::Full).
+    /// room and [`Offload::spawn`](crate::Offload::spawn) fails with [`Error::Full`](crate::Error::Full).
     ///
     /// Memory: a queued job takes about 120 bytes. A pool that takes jobs
     /// also keeps a lock-free front door for up to 2048 of them (64 bytes
@@ -187,7 +187,7 @@ impl Builder {
     /// How many lifecycle events may wait undelivered before admission is
     /// held back (default [`DEFAULT_OBSERVER_LAG`]): `submit` and awaited
     /// offloads wait for the observer, [`Offload::spawn`](crate::Offload::spawn)
-    /// is refused with [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind).
+    /// is refused with [`Error::ObserverBehind`](crate::Error::ObserverBehind).
     /// Events of jobs already accepted are never held back, so at most
     /// `observer_lag + 4 × (queue_capacity + max_in_flight)` events wait.
     pub fn observer_lag(mut self, events: usize) -> Self {
@@ -250,35 +250,36 @@ impl Config {
     /// pool (a thread name with a NUL would make every spawn panic).
     fn validate(&self) -> Result<(), BuildError> {
         if self.max_in_flight == 0 {
-            return Err(BuildError::ZeroInFlight);
+            return Err(BuildErrorKind::ZeroInFlight.into());
         }
         if self.max_in_flight > MAX_IN_FLIGHT {
-            return Err(BuildError::TooManyInFlight {
+            return Err(BuildErrorKind::TooManyInFlight {
                 got: self.max_in_flight,
                 max: MAX_IN_FLIGHT,
-            });
+            }
+            .into());
         }
         if self.queue_capacity == 0 || self.queue_capacity > MAX_QUEUE_CAPACITY {
-            return Err(BuildError::QueueCapacity {
+            return Err(BuildErrorKind::QueueCapacity {
                 got: self.queue_capacity,
                 max: MAX_QUEUE_CAPACITY,
-            });
+            }
+            .into());
         }
         if self.observer_lag == 0 {
-            return Err(BuildError::ZeroObserverLag);
+            return Err(BuildErrorKind::ZeroObserverLag.into());
         }
         if self.key_limits.per_key == Some(0) {
-            return Err(BuildError::ZeroKeyLimit { key: None });
+            return Err(BuildErrorKind::ZeroPerKey.into());
         }
         if let Some((key, _)) = self.key_limits.keys.iter().find(|(_, &n)| n == 0) {
-            return Err(BuildError::ZeroKeyLimit {
-                key: Some(key.clone()),
-            });
+            return Err(BuildErrorKind::ZeroKeyLimit { key: key.clone() }.into());
         }
         if self.thread_name.contains('\0') {
-            return Err(BuildError::ThreadName {
+            return Err(BuildErrorKind::ThreadName {
                 name: self.thread_name.clone(),
-            });
+            }
+            .into());
         }
         Ok(())
     }

@@ -121,7 +121,7 @@ impl JobGroup {
     }
 
     /// Stops the group and its descendants: new offloads through them are
-    /// refused ([`Rejected::GroupStopped`](crate::Rejected::GroupStopped)),
+    /// refused ([`Error::Cancelled`](crate::Error::Cancelled), `id: None`),
     /// queued jobs are cancelled (they never run; their owners see
     /// [`Error::Cancelled`](crate::Error::Cancelled)) and running ones get
     /// their stop token set (they keep their permits until they return).

@@ -206,7 +206,9 @@ impl<T> JobHandle<T> {
         let _waiting = self.pool.enter_own_wait(self.job.core())?;
         off_the_runtime(|| match self.job.wait_outcome(None) {
             Some(outcome) => outcome,
-            None => Err(Error::OutcomeTaken { id: self.id() }),
+            None => Err(Error::OutcomeTaken {
+                id: Some(self.id()),
+            }),
         })
     }
 
@@ -275,13 +277,13 @@ impl<T> JobHandle<T> {
         if !state.is_terminal() {
             let fate = match policy {
                 Some(policy) => self.abandon(policy, Departure::TimedOut),
-                None => Fate::KeptRunning,
+                None => Fate::Kept,
             };
-            if fate != Fate::AlreadyFinished {
+            if fate != Fate::Finished {
                 return Err(Error::TimedOut {
-                    id: self.id(),
+                    id: Some(self.id()),
                     waited,
-                    state,
+                    state: Some(state),
                     fate,
                 });
             }
@@ -292,10 +294,10 @@ impl<T> JobHandle<T> {
             // Finished but not yet published (the worker is between
             // releasing the permit and publishing).
             None => Err(Error::TimedOut {
-                id: self.id(),
+                id: Some(self.id()),
                 waited,
-                state: self.state(),
-                fate: Fate::AlreadyFinished,
+                state: Some(self.state()),
+                fate: Fate::Finished,
             }),
         }
     }
@@ -304,31 +306,27 @@ impl<T> JobHandle<T> {
     pub(crate) fn abandon(&self, policy: AbandonPolicy, why: Departure) -> Fate {
         let core = self.job.core();
         if self.is_finished() {
-            return Fate::AlreadyFinished;
+            return Fate::Finished;
         }
         if !self.pool.caller_left(core, why) {
-            return Fate::AlreadyFinished;
+            return Fate::Finished;
         }
         let fate = match policy {
-            AbandonPolicy::Keep => Fate::KeptRunning,
-            AbandonPolicy::CancelIfQueued if self.pool.cancel(&*self.job) => {
-                Fate::CancelledBeforeStart
-            }
-            AbandonPolicy::CancelIfQueued => Fate::KeptRunning,
-            AbandonPolicy::CancelAndStop if self.pool.cancel(&*self.job) => {
-                Fate::CancelledBeforeStart
-            }
+            AbandonPolicy::Keep => Fate::Kept,
+            AbandonPolicy::CancelIfQueued if self.pool.cancel(&*self.job) => Fate::Cancelled,
+            AbandonPolicy::CancelIfQueued => Fate::Kept,
+            AbandonPolicy::CancelAndStop if self.pool.cancel(&*self.job) => Fate::Cancelled,
             AbandonPolicy::CancelAndStop => {
                 // A job that finished meanwhile had nothing left to stop.
                 if !self.stop() && self.state().is_terminal() {
-                    Fate::AlreadyFinished
+                    Fate::Finished
                 } else {
                     Fate::StopRequested
                 }
             }
         };
         let state = self.state();
-        if fate == Fate::KeptRunning && state == JobState::Running {
+        if fate == Fate::Kept && state == JobState::Running {
             tracing::warn!(
                 parent: &core.span(),
                 "caller stopped waiting; the job keeps running and holds its permit until it returns"

@@ -16,9 +16,11 @@
 //!    bypassed. A job's watch holds the pool and a weak reference to the job,
 //!    which the queue or the worker keeps alive while its function lives.
 //! 3. **Ends with its target.** A job's watch ends when its function has
-//!    run or been dropped (`Gone`); a group's when the group has ended: no
-//!    handle, no child group, no unpublished job of its own (the record
-//!    wakes it). A watch never keeps a group or a job alive past that.
+//!    run or been dropped (`Gone`, kept beside the function in the job's
+//!    rare parts, fired by the job as it runs or discards it); a group's
+//!    when the group has ended: no handle, no child group, no unpublished
+//!    job of its own (the record wakes it). A watch never keeps a group or
+//!    a job alive past that.
 //! 4. **Bounded threads.** Every watch of the process is a task on one
 //!    watch thread ([`watch_runtime`]); the stops that fired watches run on
 //!    at most [`STOP_THREADS`] threads of that runtime's blocking pool,
@@ -37,6 +39,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::group::JobGroup;
 use crate::job::Task;
+use crate::job_core::Gone;
 use crate::pool::Inner;
 use crate::slab::Key;
 use crate::state::After;
@@ -162,32 +165,30 @@ impl Drop for GroupHold {
 /// What an offload that follows tokens carries until it is accepted.
 pub(crate) struct Follow {
     tokens: Vec<CancellationToken>,
+    /// Cancelled when the function of the job last made is gone (its
+    /// [`Gone`], in the job's rare parts, fires).
     gone: CancellationToken,
 }
 
-/// Cancels its token when dropped: the job's function is gone.
-pub(crate) struct Gone(CancellationToken);
-
-impl Drop for Gone {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 impl Follow {
-    /// Adds `token` to those `follow` follows. The first one makes the
-    /// follow, and the one guard the function carries for them all.
-    pub(crate) fn add(follow: &mut Option<Follow>, token: CancellationToken) -> Option<Gone> {
-        if let Some(follow) = follow {
-            follow.tokens.push(token);
-            return None;
+    /// Adds `token` to those `follow` follows.
+    pub(crate) fn add(follow: &mut Option<Follow>, token: CancellationToken) {
+        match follow {
+            Some(follow) => follow.tokens.push(token),
+            None => {
+                *follow = Some(Follow {
+                    tokens: vec![token],
+                    gone: CancellationToken::new(),
+                });
+            }
         }
-        let gone = CancellationToken::new();
-        *follow = Some(Follow {
-            tokens: vec![token],
-            gone: gone.clone(),
-        });
-        Some(Gone(gone))
+    }
+
+    /// The guard of a new attempt to accept the job: a fresh one each
+    /// time, since a refused attempt's guard fires as its job is dropped.
+    pub(crate) fn attempt(&mut self) -> Gone {
+        self.gone = CancellationToken::new();
+        Gone(self.gone.clone())
     }
 
     /// Whether a followed token is cancelled already.

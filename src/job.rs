@@ -42,7 +42,7 @@ use std::time::Instant;
 use crate::error::Error;
 use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
 use crate::job_core::{Extras, JobCore};
-use crate::quiet::{drop_quietly, panic_message, wake_quietly};
+use crate::quiet::{drop_quietly, wake_quietly};
 use crate::stop::{StopExt, StopSource, StopToken};
 use crate::sync::{fence, lock, park_timeout, thread, Arc, AtomicBool, Mutex, Ordering};
 
@@ -230,8 +230,8 @@ where
     fn never_ran(&self) -> Error {
         let id = self.core.id;
         match self.core.state_word() {
-            CANCELLED => Error::Cancelled { id },
-            _ => Error::Unstarted { id },
+            CANCELLED => Error::Cancelled { id: Some(id) },
+            _ => Error::ShuttingDown { id: Some(id) },
         }
     }
 
@@ -262,7 +262,11 @@ where
             Cell::Published {
                 outcome: Err(e), ..
             } => return Some(Err(e.again())),
-            Cell::Taken { .. } => return Some(Err(Error::OutcomeTaken { id: self.core.id })),
+            Cell::Taken { .. } => {
+                return Some(Err(Error::OutcomeTaken {
+                    id: Some(self.core.id),
+                }))
+            }
             Cell::NeverRan => return Some(Err(self.never_ran())),
             Cell::Queued { .. } | Cell::Running { .. } => return None,
             Cell::Published { outcome: Ok(_), .. } => {}
@@ -335,6 +339,7 @@ where
             return;
         };
         let result = catch_unwind(AssertUnwindSafe(|| func(stop)));
+        self.core.function_gone();
         // Inv. 4: the permit is released before the outcome is visible.
         returned(result.is_err());
         // Published before anything foreign runs (the panic payload's drop):
@@ -342,14 +347,9 @@ where
         // (`await_imminent_outcome`).
         match result {
             Ok(value) => self.publish(Ok(value)),
-            Err(payload) => {
-                let message = panic_message(payload.as_ref());
-                self.publish(Err(Box::new(Error::Panicked {
-                    id: self.core.id,
-                    message,
-                })));
-                drop_quietly(payload);
-            }
+            // The payload goes with the error to its owner; dropped by the
+            // worker with the job if nobody takes it (worker.rs, quietly).
+            Err(payload) => self.publish(Err(Box::new(Error::panicked(self.core.id, payload)))),
         }
     }
 
@@ -369,6 +369,7 @@ where
         // The function is user code: dropped here, outside every lock.
         if let Cell::Queued { func, waker } = previous {
             drop_quietly(func);
+            self.core.function_gone();
             if let Some(w) = waker {
                 wake_quietly(w);
             }
@@ -483,6 +484,7 @@ mod tests {
             None,
             None,
             Default::default(),
+            None,
         ) else {
             panic!("a job with nothing set is plain");
         };

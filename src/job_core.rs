@@ -20,7 +20,35 @@ pub(crate) struct Extras {
     pub(crate) lane: Option<LaneRef>,
     /// The limiters the job needs, sorted by id, no repeats.
     pub(crate) limiters: Limiters,
+    /// For a job that follows tokens: fired when its function is gone (run
+    /// or dropped unrun), which ends the watch (interop.rs).
+    #[cfg_attr(not(feature = "tokio-util"), allow(dead_code))]
+    pub(crate) gone: Option<Gone>,
 }
+
+/// Cancels its token when fired or dropped: the job's function is gone
+/// (`Offload::stop_on`'s watch ends on it). Kept beside the function, not
+/// in it, so that a refused job hands back the caller's own function.
+#[cfg(feature = "tokio-util")]
+pub(crate) struct Gone(pub(crate) tokio_util::sync::CancellationToken);
+
+#[cfg(feature = "tokio-util")]
+impl Gone {
+    fn fire(&self) {
+        self.0.cancel();
+    }
+}
+
+#[cfg(feature = "tokio-util")]
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.fire();
+    }
+}
+
+/// Without the `tokio-util` feature no job follows a token.
+#[cfg(not(feature = "tokio-util"))]
+pub(crate) type Gone = std::convert::Infallible;
 
 /// A keyed job's lane (state/lanes.rs).
 pub(crate) struct LaneRef {
@@ -110,6 +138,7 @@ pub(crate) fn new_core(
     group: Option<Key>,
     key: Option<LaneKey>,
     mut limiters: Limiters,
+    gone: Option<Gone>,
 ) -> NewCore {
     limiters.normalise();
     let lane = match key {
@@ -129,7 +158,7 @@ pub(crate) fn new_core(
         // No slot yet (never a lane's: the lane slab holds far fewer).
         slot: AtomicU32::new(u32::MAX),
     });
-    if name.is_none() && deadline.is_none() && group.is_none() && lane.is_none() {
+    if name.is_none() && deadline.is_none() && group.is_none() && lane.is_none() && gone.is_none() {
         return NewCore::Plain(JobCore::with_rare(id, []));
     }
     NewCore::WithExtras(JobCore::with_rare(
@@ -140,6 +169,7 @@ pub(crate) fn new_core(
             group,
             lane,
             limiters,
+            gone,
         }],
     ))
 }
@@ -165,6 +195,14 @@ impl<X: AsRef<[Extras]> + ?Sized> JobCore<X> {
     /// The job's rare parts, if it has any.
     pub(crate) fn extras(&self) -> Option<&Extras> {
         self.rare.as_ref().first()
+    }
+
+    /// The job's function is gone: run (or unwound), or dropped unrun.
+    pub(crate) fn function_gone(&self) {
+        #[cfg(feature = "tokio-util")]
+        if let Some(gone) = self.extras().and_then(|e| e.gone.as_ref()) {
+            gone.fire();
+        }
     }
 
     /// Records the job's slab key (under the pool lock).

@@ -78,7 +78,7 @@ pub use config::{
     Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
     DEFAULT_QUEUE_CAPACITY,
 };
-pub use error::{BuildError, Error, Fate, Rejected, SubmitError};
+pub use error::{BuildError, Error, Fate, SubmitError};
 pub use group::JobGroup;
 pub use handle::JobHandle;
 pub use id::{JobId, JobState};

@@ -32,7 +32,7 @@ fn limited_start_vs_cancel() {
         let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
         let cancelled = canceller.join().unwrap();
         match outcome {
-            Err(Error::Cancelled { .. }) => {
+            Err(Error::Cancelled { id: Some(_) }) => {
                 assert!(cancelled);
                 BRANCHES.hit(0);
             }
@@ -103,7 +103,7 @@ fn give_back_vs_cancel_in_another_pool() {
         let cancelled = canceller.join().unwrap();
         let outcome = loom::future::block_on(std::future::poll_fn(|cx| waiting.poll_outcome(cx)));
         match outcome {
-            Err(Error::Cancelled { .. }) => {
+            Err(Error::Cancelled { id: Some(_) }) => {
                 assert!(cancelled);
                 BRANCHES.hit(0);
             }

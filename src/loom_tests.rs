@@ -61,7 +61,7 @@ fn start_vs_cancel() {
         let ran = ran.load(Ordering::SeqCst);
         match outcome {
             Ok(()) => assert!(ran && !cancelled, "ran={ran} cancelled={cancelled}"),
-            Err(Error::Cancelled { .. }) => assert!(!ran && cancelled),
+            Err(Error::Cancelled { id: Some(_) }) => assert!(!ran && cancelled),
             Err(e) => panic!("unexpected outcome {e}"),
         }
         let m = pool.metrics();
@@ -205,7 +205,10 @@ pub(crate) fn shutdown_vs_submit_on(pool: Offloader, branches: Option<&Branches<
         }
         Err(refused) => {
             hit(0);
-            assert!(matches!(refused.reason(), crate::Rejected::ShuttingDown));
+            assert!(matches!(
+                refused.reason(),
+                crate::Error::ShuttingDown { id: None }
+            ));
             let _func = refused.into_inner();
             assert!(!ran.load(Ordering::SeqCst));
         }
@@ -256,7 +259,7 @@ fn shutdown_now_vs_start() {
         let ran = ran.load(Ordering::SeqCst);
         match outcome {
             Ok(()) => assert!(ran && !handed_back),
-            Err(Error::Unstarted { .. }) => assert!(!ran && handed_back),
+            Err(Error::ShuttingDown { id: Some(_) }) => assert!(!ran && handed_back),
             Err(e) => panic!("unexpected outcome {e}"),
         }
         assert!(pool.blocking_await_termination(None));
@@ -456,8 +459,8 @@ fn abandon_cancel_and_stop_vs_start() {
         let ran = ran.load(Ordering::SeqCst);
         let m = pool.metrics();
         match fate {
-            crate::Fate::CancelledBeforeStart => {
-                assert!(matches!(outcome, Err(Error::Cancelled { .. })) && !ran);
+            crate::Fate::Cancelled => {
+                assert!(matches!(outcome, Err(Error::Cancelled { id: Some(_) })) && !ran);
                 assert_eq!((m.cancelled, m.completed, m.stop_requests), (1, 0, 0));
                 BRANCHES.hit(0);
             }
@@ -466,7 +469,7 @@ fn abandon_cancel_and_stop_vs_start() {
                 assert_eq!((m.cancelled, m.completed, m.stop_requests), (0, 1, 1));
                 BRANCHES.hit(1);
             }
-            crate::Fate::AlreadyFinished => {
+            crate::Fate::Finished => {
                 // Finished before the caller left, or while it was leaving
                 // (the stop then found nothing left to stop).
                 assert!(outcome.is_ok() && ran);
@@ -477,10 +480,10 @@ fn abandon_cancel_and_stop_vs_start() {
         }
         assert!(m.ledger_balances());
         // A caller leaving an unfinished job is counted; one leaving a job
-        // that had already finished records nothing. With AlreadyFinished
+        // that had already finished records nothing. With Finished
         // either can have happened (the job may finish between the departure
         // and the stop), never more than one departure.
-        if fate == crate::Fate::AlreadyFinished {
+        if fate == crate::Fate::Finished {
             assert!(m.callers_dropped <= 1);
         } else {
             assert_eq!(m.callers_dropped, 1);

@@ -11,7 +11,7 @@ use futures_core::Stream;
 
 use crate::awaited::OffloadFuture;
 use crate::batch::{BatchError, Target};
-use crate::error::{Error, Rejected};
+use crate::error::Error;
 use crate::group::JobGroup;
 use crate::policy::GroupDropPolicy;
 use crate::pool::Offloader;
@@ -288,9 +288,9 @@ where
                 Ok(Err(e)) => Err(BatchError::Failed(e)),
                 Err(e) => Err(BatchError::Job(e)),
             };
-            if let Err(BatchError::Job(Error::Rejected(
-                Rejected::ShuttingDown | Rejected::GroupStopped,
-            ))) = &outcome
+            if let Err(BatchError::Job(
+                Error::ShuttingDown { id: None } | Error::Cancelled { id: None },
+            )) = &outcome
             {
                 // No later item could be accepted either: take no more.
                 self.closed = true;

@@ -16,7 +16,7 @@
 //!    doorbell after seeing the queue empty under the lock. So every event
 //!    is delivered, once.
 //! 4. The queue is bounded: admission waits (`submit`, `.await`) or is
-//!    refused (`spawn`, [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind))
+//!    refused (`spawn`, [`Error::ObserverBehind`](crate::Error::ObserverBehind))
 //!    while `observer_lag` events are undelivered, and an accepted job adds
 //!    at most four events (accepted, started, finished or never started,
 //!    abandoned). So at most `observer_lag + 4 × (queue_capacity +
@@ -45,13 +45,13 @@ use crate::job_core::JobCore;
 /// (the panic is caught and logged), `await_termination` and `close`
 /// return at once without termination, and an offload that would wait for
 /// the observer's own lag is refused with
-/// [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind).
+/// [`Error::ObserverBehind`](crate::Error::ObserverBehind).
 ///
 /// An observer that falls behind by more than
 /// [`Builder::observer_lag`](crate::Builder::observer_lag) undelivered events
 /// holds admission back: `submit` and awaited offloads wait for it,
 /// [`spawn`](crate::Offload::spawn) is refused with
-/// [`Rejected::ObserverBehind`](crate::Rejected::ObserverBehind). Nothing is
+/// [`Error::ObserverBehind`](crate::Error::ObserverBehind). Nothing is
 /// buffered without bound. [`Metrics::events_delivered`](crate::Metrics::events_delivered)
 /// and [`Metrics::events_pending`](crate::Metrics::events_pending) show how it
 /// keeps up; `idle()` and termination wait until every event is delivered. A

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Began;
 
-use crate::error::{Rejected, SubmitError};
+use crate::error::{Error, SubmitError};
 use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
@@ -106,7 +106,7 @@ impl JobGroup {
     /// [`Offloader::offload`], and the group's [`stop`](JobGroup::stop),
     /// [`idle`](JobGroup::idle), [`close`](JobGroup::close) and
     /// [`metrics`](JobGroup::metrics) include it. Refused with
-    /// [`Rejected::GroupStopped`] once the group is stopped or closing.
+    /// [`Error::Cancelled`] (`id: None`) once the group is stopped or closing.
     pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
     where
         F: FnOnce(&StopToken) -> T + Send + 'static,
@@ -148,7 +148,7 @@ where
     /// - **before the job is accepted** (before `spawn` or `submit`
     ///   returns, or while its caller waits for room): it never runs. It is
     ///   accepted and cancelled at once, taking no place in the queue, or
-    ///   refused ([`Rejected::ObserverBehind`]) if an observer's lag holds
+    ///   refused ([`Error::ObserverBehind`]) if an observer's lag holds
     ///   admission back; a caller waiting for room stops waiting;
     /// - **while it is queued:** it is cancelled shortly after, never run;
     /// - **as it starts** (a worker takes it before the watch acts): it runs
@@ -160,7 +160,7 @@ where
     ///
     /// Dropping the job's handle changes none of this. Where the watch and
     /// its stop run: [`JobGroup::stop_on`]. A refused offload hands back
-    /// the function wrapped (the wrapper still runs it).
+    /// the function itself ([`SubmitError::into_inner`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -183,19 +183,9 @@ where
     /// ```
     #[cfg(feature = "tokio-util")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
-    pub fn stop_on(
-        self,
-        token: tokio_util::sync::CancellationToken,
-    ) -> Offload<impl FnOnce(&StopToken) -> T + Send + 'static, T> {
-        let mut opts = self.opts;
-        let gone = crate::interop::Follow::add(&mut opts.follow, token);
-        let func = self.func;
-        let func = move |stop: &StopToken| {
-            // Cancels the watch's end when dropped: after the call, or unrun.
-            let _gone = gone;
-            func(stop)
-        };
-        Offload::with_options(self.pool, func, opts)
+    pub fn stop_on(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        crate::interop::Follow::add(&mut self.opts.follow, token);
+        self
     }
 
     /// An awaiting caller does not spin for the outcome (batch calls).
@@ -310,7 +300,7 @@ where
     /// its owner handle. Fails, handing the function back, if the offloader
     /// shuts down first, no worker thread could be spawned, or the caller's
     /// [`with_timeout`](Self::with_timeout) passes while it waits for room
-    /// ([`Rejected::FullUntilTimeout`]): the wait for room counts against
+    /// ([`Error::TimedOut`], `id: None`): the wait for room counts against
     /// the timeout.
     ///
     /// ```
@@ -366,14 +356,14 @@ where
                 // nor a job whose token is cancelled (it takes no place, so
                 // only the lag holds it back, and its wait would end at
                 // once, to retry without end).
-                Err((reason @ Rejected::ObserverBehind { .. }, back))
+                Err((reason @ Error::ObserverBehind { .. }, back))
                     if inner.is_delivery_thread() || back.opts.follows_cancelled() =>
                 {
                     inner.count_refusal(&reason);
                     return Err(SubmitError::new(reason, back.func));
                 }
                 // Room, or the observer catching up, frees a slot.
-                Err((Rejected::Full { .. } | Rejected::ObserverBehind { .. }, back)) => {
+                Err((Error::Full { .. } | Error::ObserverBehind { .. }, back)) => {
                     this = back;
                     if plain.is_none() && this.opts.limiters.is_empty() && this.opts.key.is_none() {
                         // Tries again once counted: a free permit signalled
@@ -412,7 +402,7 @@ where
     // The refusal hands the whole offload back for the next try; boxing it
     // would allocate on every retry of a caller waiting for room.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Rejected, Self)> {
+    pub(crate) fn try_accept(self, began: Began) -> Result<JobHandle<T>, (Error, Self)> {
         // The function's deadline is in real time: it runs on real threads.
         let wait_until = self
             .opts
@@ -424,6 +414,12 @@ where
         };
         let mut opts = self.opts;
         let group = opts.group.as_ref().map(JobGroup::key);
+        // Beside the function, not around it: a refusal hands back the
+        // caller's own function.
+        #[cfg(feature = "tokio-util")]
+        let gone = opts.follow.as_mut().map(crate::interop::Follow::attempt);
+        #[cfg(not(feature = "tokio-util"))]
+        let gone = None;
         // The job takes its name, key and limiters (no clone per job: a
         // refusal gives them back below).
         let core = new_core(
@@ -433,6 +429,7 @@ where
             group,
             opts.key.take(),
             std::mem::take(&mut opts.limiters),
+            gone,
         );
         let (pool, func) = (self.pool, self.func);
         match core {
@@ -448,7 +445,7 @@ fn accept<F, T, const N: usize>(
     job: Arc<Job<F, T, N>>,
     pool: Offloader,
     mut opts: Options,
-) -> Result<JobHandle<T>, (Rejected, Offload<F, T>)>
+) -> Result<JobHandle<T>, (Error, Offload<F, T>)>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,

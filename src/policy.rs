@@ -20,7 +20,7 @@
 /// Cancelling it by default would lose work silently that nobody chose
 /// to lose, depending on timing. `Keep` is also what tokio's
 /// `spawn_blocking` does with a dropped `JoinHandle`. So the default keeps
-/// the job, and the error says so ([`Fate::KeptRunning`](crate::Fate::KeptRunning)).
+/// the job, and the error says so ([`Fate::Kept`](crate::Fate::Kept)).
 ///
 /// # In a service, choose explicitly
 ///
@@ -55,7 +55,7 @@
 ///     .offload(|_stop| "answer")
 ///     .with_timeout(Duration::from_millis(10))
 ///     .await;
-/// assert!(matches!(answer, Err(Error::TimedOut { fate: Fate::CancelledBeforeStart, .. })));
+/// assert!(matches!(answer, Err(Error::TimedOut { fate: Fate::Cancelled, .. })));
 ///
 /// release.send(())?;
 /// busy.await??;

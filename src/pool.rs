@@ -13,7 +13,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::config::{Builder, Config};
-use crate::error::{BuildError, Rejected};
+use crate::error::{BuildError, Error};
 use crate::job::{Job, Task};
 use crate::metrics::Metrics;
 use crate::quiet::call_quietly;
@@ -71,10 +71,10 @@ impl Builder {
     /// started until the first job.
     ///
     /// ```
-    /// use offloader::{BuildError, Offloader};
+    /// use offloader::Offloader;
     ///
     /// let err = Offloader::builder().thread_name("bad\0name").build().unwrap_err();
-    /// assert!(matches!(err, BuildError::ThreadName { .. }));
+    /// assert!(err.to_string().starts_with("thread_name must not contain a NUL byte"));
     /// ```
     pub fn build(self) -> Result<Offloader, BuildError> {
         Ok(Offloader::from_config(self.into_config()?))
@@ -350,7 +350,7 @@ impl Inner {
         self: &Arc<Self>,
         job: &Arc<Job<F, T, N>>,
         cancelled: bool,
-    ) -> Result<(), (Rejected, F)>
+    ) -> Result<(), (Error, F)>
     where
         F: FnOnce(&StopToken) -> T + Send + 'static,
         T: Send + 'static,
@@ -417,7 +417,7 @@ impl Inner {
     ///
     /// With `cancelled`, the job is cancelled in the same critical section
     /// (it follows a token cancelled already): accepted, it never starts.
-    fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>, cancelled: bool) -> Result<(), Rejected> {
+    fn enqueue(self: &Arc<Self>, task: Arc<dyn Task>, cancelled: bool) -> Result<(), Error> {
         self.uncount_waking_worker();
         let task = match self.pass_intake(task, cancelled) {
             Ok(()) => return Ok(()),
@@ -448,7 +448,7 @@ impl Inner {
                 s.unreserve();
                 drop(s);
                 tracing::warn!(error = %e, "could not spawn a worker thread and none is running; job refused");
-                return Err(Rejected::ThreadSpawn(e));
+                return Err(Error::ThreadSpawn(e));
             }
             Err(e) => Some(e),
         };
@@ -478,23 +478,25 @@ impl Inner {
     /// Why a caller that waited `waited` for admission finally gave up: the
     /// observer's lag if that is what holds admission back now, else a full
     /// queue.
-    pub(crate) fn gave_up_waiting(&self, waited: Duration) -> Rejected {
+    pub(crate) fn gave_up_waiting(&self, waited: Duration) -> Error {
         match self.lock().observer_behind() {
-            Some(lag) => Rejected::ObserverBehind { lag },
-            None => Rejected::FullUntilTimeout {
-                capacity: self.config.queue_capacity,
+            Some(lag) => Error::ObserverBehind { lag },
+            None => Error::TimedOut {
+                id: None,
                 waited,
+                state: None,
+                fate: crate::Fate::Cancelled,
             },
         }
     }
 
     /// Counts a refusal that the caller reports (a full queue or a lagging
     /// observer, for good).
-    pub(crate) fn count_refusal(&self, reason: &Rejected) {
+    pub(crate) fn count_refusal(&self, reason: &Error) {
         match reason {
-            Rejected::Full { .. } | Rejected::FullUntilTimeout { .. } => self.lock().count_full(),
-            Rejected::ObserverBehind { .. } => self.lock().count_observer_behind(),
-            Rejected::ShuttingDown | Rejected::ThreadSpawn(_) | Rejected::GroupStopped => {}
+            Error::Full { .. } | Error::TimedOut { .. } => self.lock().count_full(),
+            Error::ObserverBehind { .. } => self.lock().count_observer_behind(),
+            _ => {}
         }
     }
 

@@ -8,7 +8,7 @@ use crate::id::JobId;
 use crate::job_core::JobCore;
 
 /// A job that an immediate shutdown removed from the queue; its function
-/// never ran. Its owner handle resolves to [`Error::Unstarted`](crate::Error::Unstarted).
+/// never ran. Its owner handle resolves to [`Error::ShuttingDown`](crate::Error::ShuttingDown) with its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnstartedJob {

@@ -52,7 +52,7 @@ impl Offloader {
     /// Starts a graceful shutdown and returns at once.
     ///
     /// From this instant every new job is refused with
-    /// [`Rejected::ShuttingDown`](crate::Rejected::ShuttingDown) (a
+    /// [`Error::ShuttingDown`](crate::Error::ShuttingDown) (a
     /// [`spawn`](crate::Offload::spawn) hands the function back), and
     /// callers waiting for room in a full queue wake with that error. Jobs
     /// already queued still run; worker threads exit once the queue is
@@ -81,7 +81,7 @@ impl Offloader {
     }
 
     /// Shuts down immediately: new jobs are refused, queued jobs are removed
-    /// and returned (their owner handles resolve to [`Error::Unstarted`](crate::Error::Unstarted)),
+    /// and returned (their owner handles resolve to [`Error::ShuttingDown`](crate::Error::ShuttingDown) with their id),
     /// and running jobs get their stop token set.
     ///
     /// Running functions keep their permits until they really return;
@@ -114,7 +114,7 @@ impl Offloader {
     /// let unstarted = pool.shutdown_now();
     /// assert_eq!(unstarted.len(), 1);
     /// assert_eq!(unstarted[0].name.as_deref(), Some("never"));
-    /// assert!(queued.await.unwrap_err().is_cancelled());
+    /// assert!(queued.await.unwrap_err().is_shutdown()); // returned unstarted
     /// assert!(running.await?.is_err()); // its sleep saw the stop request
     /// pool.terminated().await;
     /// # Ok(()) }

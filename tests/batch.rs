@@ -74,13 +74,13 @@ async fn invoke_all_with_timeout_applies_the_abandon_policy() {
     assert_eq!(*out[0].as_ref().unwrap(), 1);
     match &out[1] {
         Err(Error::TimedOut { state, fate, .. }) => {
-            assert_eq!((*state, *fate), (JobState::Running, Fate::KeptRunning));
+            assert_eq!((*state, *fate), (Some(JobState::Running), Fate::Kept));
         }
         other => panic!("{other:?}"),
     }
     for o in &out[2..] {
         match o {
-            Err(Error::TimedOut { fate, .. }) => assert_eq!(*fate, Fate::CancelledBeforeStart),
+            Err(Error::TimedOut { fate, .. }) => assert_eq!(*fate, Fate::Cancelled),
             other => panic!("{other:?}"),
         }
     }
@@ -457,8 +457,9 @@ async fn a_map_ends_once_its_jobs_can_no_longer_be_accepted() {
         after_stop += 1;
         assert!(after_stop <= 100, "the map went on past the stop");
         if let Err(BatchError::Job(e)) = o {
-            assert!(e.is_rejected() || e.is_cancelled(), "{e}");
-            refused += u64::from(e.is_rejected());
+            // Refused by the stopped group, or cancelled by its stop.
+            assert!(e.is_cancelled(), "{e}");
+            refused += u64::from(e.job_id().is_none());
         }
         assert!(refused <= 4, "no item is taken after the first refusal");
     }
@@ -643,9 +644,7 @@ async fn map_on_a_shut_down_pool_refuses_one_window_of_items_then_ends() {
     let mut refusals = 0;
     while let Some(outcome) = next(s.as_mut()).await {
         match outcome {
-            Err(BatchError::Job(Error::Rejected(offloader::Rejected::ShuttingDown))) => {
-                refusals += 1
-            }
+            Err(BatchError::Job(Error::ShuttingDown { id: None })) => refusals += 1,
             other => panic!("only refusals: {other:?}"),
         }
     }
@@ -713,7 +712,7 @@ async fn an_abandoned_invoke_all_cancels_its_queued_jobs_before_stopping_the_run
                 .collect();
             assert_eq!(fates[0], Fate::StopRequested);
             assert!(
-                fates[1..].iter().all(|f| *f == Fate::CancelledBeforeStart),
+                fates[1..].iter().all(|f| *f == Fate::Cancelled),
                 "{fates:?}"
             );
         } else {
@@ -769,7 +768,7 @@ async fn invoke_all_with_timeout_shows_the_deadline_and_offers_every_job() {
 
 /// A batch whose time runs out while some of its jobs still wait for room
 /// in a full queue gives an outcome for every job: those never accepted
-/// are refused (`FullUntilTimeout`), in their places (kills the mutant of
+/// are refused (`TimedOut`, never accepted), in their places (kills the mutant of
 /// the batch's leaving that skipped jobs still waiting for room, from
 /// mutation testing of awaited.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -788,14 +787,7 @@ async fn a_timed_out_batch_refuses_the_jobs_still_waiting_for_room() {
     assert_eq!(outcomes.len(), 3, "{outcomes:?}");
     let refused = outcomes
         .iter()
-        .filter(|o| {
-            matches!(
-                o,
-                Err(Error::Rejected(
-                    offloader::Rejected::FullUntilTimeout { .. }
-                ))
-            )
-        })
+        .filter(|o| matches!(o, Err(Error::TimedOut { id: None, .. })))
         .count();
     assert_eq!(
         refused, 2,

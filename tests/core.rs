@@ -14,8 +14,8 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 
 use offloader::{
-    AbandonPolicy, Error, Fate, JobId, JobState, Metrics, OffloadFuture, Offloader, Rejected,
-    StopToken, DEFAULT_QUEUE_CAPACITY,
+    AbandonPolicy, Error, Fate, JobId, JobState, Metrics, OffloadFuture, Offloader, StopToken,
+    DEFAULT_QUEUE_CAPACITY,
 };
 use support::*;
 use tokio::sync::mpsc::error::TryRecvError;
@@ -23,7 +23,10 @@ use tokio::sync::mpsc::error::TryRecvError;
 fn timed_out_parts(err: &Error) -> (JobId, JobState, Fate) {
     match err {
         Error::TimedOut {
-            id, state, fate, ..
+            id: Some(id),
+            state: Some(state),
+            fate,
+            ..
         } => (*id, *state, *fate),
         other => panic!("expected Error::TimedOut, got {other:?}"),
     }
@@ -79,7 +82,7 @@ async fn permit_is_held_for_the_functions_real_lifetime() {
     let (id, state, fate) = timed_out_parts(&err);
     assert_eq!(id, first_id);
     assert_eq!(state, JobState::Running);
-    assert_eq!(fate, Fate::KeptRunning);
+    assert_eq!(fate, Fate::Kept);
     assert!(err.is_timeout());
     assert_eq!(err.job_id(), Some(first_id));
 
@@ -244,7 +247,7 @@ async fn timeout_while_queued_keep_runs_the_job_later() {
     let t = timeout_while_queued(AbandonPolicy::Keep).await;
     assert_eq!(
         timed_out_parts(&t.err),
-        (t.id, JobState::Queued, Fate::KeptRunning)
+        (t.id, JobState::Queued, Fate::Kept)
     );
     assert_eq!(t.after_timeout.queued, 1, "{:?}", t.after_timeout);
     assert_eq!(
@@ -275,7 +278,7 @@ async fn timeout_while_queued_cancel_if_queued_never_runs() {
     // ends with Error::TimedOut and the job follows the abandon policy").
     assert_eq!(
         timed_out_parts(&t.err),
-        (t.id, JobState::Queued, Fate::CancelledBeforeStart)
+        (t.id, JobState::Queued, Fate::Cancelled)
     );
 }
 
@@ -289,7 +292,7 @@ async fn timeout_while_queued_cancel_and_stop_never_runs() {
     assert_ledger(&t.end);
     assert_eq!(
         timed_out_parts(&t.err),
-        (t.id, JobState::Queued, Fate::CancelledBeforeStart)
+        (t.id, JobState::Queued, Fate::Cancelled)
     );
 }
 
@@ -422,10 +425,7 @@ fn assert_stopped(r: &RunningAbandon) {
 async fn timeout_while_running_keep() {
     let r = leave_while_running(AbandonPolicy::Keep, true).await;
     let err = r.err.as_ref().expect("timed out");
-    assert_eq!(
-        timed_out_parts(err),
-        (r.id, JobState::Running, Fate::KeptRunning)
-    );
+    assert_eq!(timed_out_parts(err), (r.id, JobState::Running, Fate::Kept));
     assert_kept(&r);
 }
 
@@ -433,10 +433,7 @@ async fn timeout_while_running_keep() {
 async fn timeout_while_running_cancel_if_queued_keeps_it_running() {
     let r = leave_while_running(AbandonPolicy::CancelIfQueued, true).await;
     let err = r.err.as_ref().expect("timed out");
-    assert_eq!(
-        timed_out_parts(err),
-        (r.id, JobState::Running, Fate::KeptRunning)
-    );
+    assert_eq!(timed_out_parts(err), (r.id, JobState::Running, Fate::Kept));
     assert_kept(&r);
 }
 
@@ -646,7 +643,7 @@ async fn cancel_before_start_means_never_run() {
 
     let err = within("cancelled handle", b).await.unwrap_err();
     assert!(
-        matches!(err, Error::Cancelled { id: got } if got == id),
+        matches!(err, Error::Cancelled { id: Some(got) } if got == id),
         "{err:?}"
     );
     assert!(err.is_cancelled());
@@ -755,7 +752,9 @@ async fn panic_is_a_result_and_the_worker_survives() {
     assert!(err.is_panic(), "{err:?}");
     assert_eq!(err.job_id(), Some(id));
     match &err {
-        Error::Panicked { id: got, message } => {
+        Error::Panicked {
+            id: got, message, ..
+        } => {
             assert_eq!(*got, id);
             assert!(message.contains("kaboom 42"), "message: {message:?}");
         }
@@ -828,7 +827,7 @@ async fn thread_spawn_failure_hands_the_closure_back_and_does_not_poison() {
         .spawn()
         .expect_err("the worker thread cannot be spawned");
     assert!(
-        matches!(err.reason(), Rejected::ThreadSpawn(_)),
+        matches!(err.reason(), Error::ThreadSpawn(_)),
         "{:?}",
         err.reason()
     );
@@ -890,11 +889,8 @@ async fn thread_spawn_failure_queues_the_job_for_a_busy_worker() {
     let e = within("awaited refusal", other.offload(|_stop| 0))
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, Error::Rejected(Rejected::ThreadSpawn(_))),
-        "{e:?}"
-    );
-    assert!(e.is_rejected());
+    assert!(matches!(e, Error::ThreadSpawn(_)), "{e:?}");
+    assert!(e.is_busy());
     assert_eq!(e.job_id(), None);
     assert_eq!(
         within("other pool recovers", other.offload(|_| 5))
@@ -951,10 +947,7 @@ async fn free_function_offload() {
     .await;
     recv("started", &mut started).await;
     let err = within("free offload times out", fut).await.unwrap_err();
-    assert_eq!(
-        timed_out_parts(&err),
-        (id, JobState::Running, Fate::KeptRunning)
-    );
+    assert_eq!(timed_out_parts(&err), (id, JobState::Running, Fate::Kept));
     g.open();
 
     let h = offloader::offload(|_stop| "spawned")
@@ -983,7 +976,7 @@ async fn full_queue_refuses_spawn_and_hands_the_closure_back() {
         .spawn()
         .expect_err("the queue is full");
     assert!(
-        matches!(err.reason(), Rejected::Full { capacity: 1 }),
+        matches!(err.reason(), Error::Full { capacity: 1 }),
         "{:?}",
         err.reason()
     );
@@ -1034,7 +1027,12 @@ async fn awaited_offload_waits_for_room_or_times_out() {
     assert!(
         matches!(
             e,
-            Error::Rejected(Rejected::FullUntilTimeout { capacity: 1, .. })
+            Error::TimedOut {
+                id: None,
+                state: None,
+                fate: Fate::Cancelled,
+                ..
+            }
         ),
         "{e:?}"
     );
@@ -1079,7 +1077,10 @@ async fn graceful_shutdown_runs_queued_work_and_refuses_new_work() {
         .offload(|_stop| "late")
         .spawn()
         .expect_err("refused after shutdown");
-    assert!(matches!(err.reason(), Rejected::ShuttingDown), "{err:?}");
+    assert!(
+        matches!(err.reason(), Error::ShuttingDown { id: None }),
+        "{err:?}"
+    );
     assert_eq!(err.into_inner()(&StopToken::new()), "late");
 
     a.release().await;
@@ -1095,14 +1096,11 @@ async fn shutdown_refusals_are_counted_in_the_metrics() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     pool.shutdown();
     let err = pool.offload(|_stop| ()).spawn().expect_err("refused");
-    assert!(matches!(err.reason(), Rejected::ShuttingDown));
+    assert!(matches!(err.reason(), Error::ShuttingDown { id: None }));
     let e = within("awaited after shutdown", pool.offload(|_stop| ()))
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, Error::Rejected(Rejected::ShuttingDown)),
-        "{e:?}"
-    );
+    assert!(matches!(e, Error::ShuttingDown { id: None }), "{e:?}");
     let m = pool.metrics();
     assert_eq!(
         m.rejected_shutdown, 2,

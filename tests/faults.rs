@@ -33,8 +33,8 @@ use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use offloader::{
-    AbandonPolicy, Error, EventKind, JobEvent, JobState, Metrics, Observer, Offloader, Rejected,
-    StopToken, DEFAULT_QUEUE_CAPACITY,
+    AbandonPolicy, Error, EventKind, JobEvent, JobState, Metrics, Observer, Offloader, StopToken,
+    DEFAULT_QUEUE_CAPACITY,
 };
 use support::*;
 
@@ -377,31 +377,30 @@ async fn real_thread_spawn_failure_from_an_unmappable_stack() {
         .name("never")
         .spawn()
         .expect_err("no stack of 1 PiB can be mapped");
-    let Rejected::ThreadSpawn(io) = err.reason() else {
+    let Error::ThreadSpawn(io) = err.reason() else {
         panic!("expected a thread-spawn refusal, got {:?}", err.reason());
     };
     assert!(io.raw_os_error().is_some(), "an OS error: {io:?}");
     let text = err.to_string();
     assert!(
-        text.contains("handed back unrun") && text.contains("no worker thread could be spawned"),
+        text == "job refused, the function never ran: no worker thread could be spawned to run it",
         "{text}"
     );
     let awaited = within("awaited form", broken.offload(|_| 2))
         .await
         .expect_err("refused");
     assert!(
-        awaited.is_rejected() && awaited.job_id().is_none(),
+        awaited.is_busy() && awaited.job_id().is_none(),
         "{awaited:?}"
     );
     assert!(
-        awaited.to_string().contains(
-            "job not accepted, the function never ran: no worker thread could be spawned"
-        ),
+        awaited.to_string()
+            == "job refused, the function never ran: no worker thread could be spawned to run it",
         "{awaited}"
     );
     let submitted = within("submit form", broken.offload(|_| 3).submit()).await;
     assert!(
-        matches!(&submitted, Err(e) if matches!(e.reason(), Rejected::ThreadSpawn(_))),
+        matches!(&submitted, Err(e) if matches!(e.reason(), Error::ThreadSpawn(_))),
         "{:?}",
         submitted.map(|h| h.id())
     );
@@ -493,8 +492,9 @@ async fn a_result_whose_drop_panics_on_the_worker() {
     );
 }
 
-/// A panic payload whose own `Drop` panics: the payload is dropped by the
-/// worker after it caught the panic.
+/// A panic payload whose own `Drop` panics: its owner gets it (and its
+/// drop) with the error; one that nobody takes is dropped by the worker,
+/// which survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_payload_whose_drop_panics() {
     quiet_deliberate_panics();
@@ -520,10 +520,33 @@ async fn a_panic_payload_whose_drop_panics() {
     );
     assert_eq!(within("the job queued behind", next).await.unwrap(), 7);
     within("idle", pool.idle()).await;
+    assert_eq!(drops.load(Ordering::SeqCst), 0, "the owner has the payload");
+    let payload = err.into_panic();
+    assert!(payload.is::<PanicsOnDrop>());
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload)));
+    assert!(dropped.is_err(), "its drop panics, in its owner's hands");
     assert_eq!(drops.load(Ordering::SeqCst), 1);
+
+    // Nobody takes it: the worker drops it, and survives its panic.
+    let (open, hold) = gate();
+    let d = drops.clone();
+    let bomb = pool
+        .offload(move |_| -> u32 {
+            hold.wait();
+            std::panic::panic_any(PanicsOnDrop(d, "panic payload"))
+        })
+        .spawn()
+        .expect("accepted");
+    drop(bomb);
+    open.open();
+    eventually("the worker dropped the payload", || {
+        drops.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    within("idle", pool.idle()).await;
     let m = pool.metrics();
     assert_closed_books(&m);
-    assert_eq!((m.panicked, m.completed), (1, 1), "{m:?}");
+    assert_eq!((m.panicked, m.completed), (2, 1), "{m:?}");
     assert_eq!(
         within("keeps serving", pool.offload(|_| 8u32))
             .await
@@ -576,7 +599,7 @@ async fn a_function_whose_drop_panics_when_cancelled() {
     .await
     .expect_err("cancelled");
     assert!(
-        matches!(err, Error::Cancelled { .. })
+        matches!(err, Error::Cancelled { id: Some(_) })
             && err.to_string().contains("cancelled before it started"),
         "{err:?}"
     );
@@ -647,7 +670,8 @@ async fn functions_whose_drop_panics_handed_back_by_shutdown_now() {
             .await
             .expect_err("unstarted");
         assert!(
-            matches!(err, Error::Unstarted { .. }) && err.to_string().contains("never started"),
+            matches!(err, Error::ShuttingDown { id: Some(_) })
+                && err.to_string().contains("never started"),
             "{err:?}"
         );
     }

@@ -8,7 +8,7 @@ mod support;
 use std::future::Future;
 use std::time::Duration;
 
-use offloader::{GroupDropPolicy, GroupMetrics, JobGroup, JobState, Offloader, Rejected};
+use offloader::{Error, GroupDropPolicy, GroupMetrics, JobGroup, JobState, Offloader};
 use support::*;
 
 #[track_caller]
@@ -100,12 +100,15 @@ async fn a_stopped_group_refuses_new_jobs() {
     assert!(group.is_closed(), "a stopped group is closed too");
     let refused = group.offload(|_| 7).spawn().unwrap_err();
     assert!(
-        matches!(refused.reason(), Rejected::GroupStopped),
+        matches!(refused.reason(), Error::Cancelled { id: None }),
         "{refused}"
     );
     assert_eq!(refused.into_inner()(&offloader::StopToken::new()), 7);
     let awaited = group.offload(|_| 8).await.unwrap_err();
-    assert!(awaited.is_rejected(), "{awaited}");
+    assert!(
+        matches!(awaited, Error::Cancelled { id: None }),
+        "{awaited}"
+    );
     let m = group.metrics();
     assert_eq!((m.accepted, m.rejected), (0, 2), "{m:?}");
     assert_eq!(within("the pool", pool.offload(|_| 9)).await.unwrap(), 9);
@@ -128,13 +131,13 @@ async fn a_stopped_group_refuses_at_once_when_the_queue_is_full() {
     let queued = pool.offload(|_| ()).spawn().unwrap();
     assert!(matches!(
         pool.offload(|_| ()).spawn().unwrap_err().reason(),
-        Rejected::Full { .. }
+        Error::Full { .. }
     ));
     let group = pool.group();
     group.stop();
     let refused = group.offload(|_| ()).spawn().unwrap_err();
     assert!(
-        matches!(refused.reason(), Rejected::GroupStopped),
+        matches!(refused.reason(), Error::Cancelled { id: None }),
         "{refused}"
     );
     let awaited = within(
@@ -143,22 +146,26 @@ async fn a_stopped_group_refuses_at_once_when_the_queue_is_full() {
     )
     .await
     .unwrap_err();
-    assert!(awaited.is_rejected(), "{awaited}");
+    assert!(
+        matches!(awaited, Error::Cancelled { id: None }),
+        "{awaited}"
+    );
     let submitted = within(
         "a submit through a stopped group",
         group.offload(|_| ()).submit(),
     )
     .await
     .unwrap_err();
-    assert!(matches!(submitted.reason(), Rejected::GroupStopped));
+    assert!(matches!(submitted.reason(), Error::Cancelled { id: None }));
     let all = within(
         "invoke_all through a stopped group",
         group.invoke_all(vec![|_: &offloader::StopToken| (); 2]),
     )
     .await;
     assert!(
-        all.iter()
-            .all(|r| r.as_ref().is_err_and(|e| e.is_rejected())),
+        all.iter().all(|r| r
+            .as_ref()
+            .is_err_and(|e| matches!(e, Error::Cancelled { id: None }))),
         "{all:?}"
     );
     assert_eq!(group.metrics().rejected, 5);
@@ -779,7 +786,7 @@ async fn a_group_stopped_or_closed_refuses_its_callers_waiting_for_room() {
             .expect("task")
             .expect_err("refused");
         assert!(
-            matches!(refused, offloader::Error::Rejected(Rejected::GroupStopped)),
+            matches!(refused, Error::Cancelled { id: None }),
             "close {close}: {refused:?}"
         );
         assert!(

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use offloader::{Limiter, Offloader, Rejected};
+use offloader::{Error, Limiter, Offloader};
 use support::*;
 
 /// Runs `submitters` threads that each offer jobs (counting their runs in
@@ -48,12 +48,12 @@ fn race(
                             assert!(
                                 matches!(
                                     refused.reason(),
-                                    Rejected::ShuttingDown | Rejected::Full { .. }
+                                    Error::ShuttingDown { id: None } | Error::Full { .. }
                                 ),
                                 "{:?}",
                                 refused.reason()
                             );
-                            if matches!(refused.reason(), Rejected::ShuttingDown) {
+                            if matches!(refused.reason(), Error::ShuttingDown { id: None }) {
                                 break;
                             }
                         }
@@ -82,7 +82,7 @@ async fn a_plain_job_offered_after_a_shutdown_is_refused() {
         .offload(|_stop| ())
         .spawn()
         .expect_err("refused after shutdown");
-    assert!(matches!(refused.reason(), Rejected::ShuttingDown));
+    assert!(matches!(refused.reason(), Error::ShuttingDown { id: None }));
 }
 
 /// Invariant 8 and fast/intake.rs inv. 1: many threads offering plain jobs to
@@ -276,7 +276,7 @@ async fn more_jobs_than_the_intake_holds_keep_the_bound_the_count_and_the_order(
     assert!(
         matches!(
             refused.as_ref().map_err(|e| e.reason()),
-            Err(Rejected::Full { .. })
+            Err(Error::Full { .. })
         ),
         "the bound is full: {refused:?}"
     );
@@ -313,7 +313,7 @@ async fn a_plain_job_is_counted_and_cancellable_at_once() {
     held.release().await;
     assert!(matches!(
         within("the cancelled job", job).await,
-        Err(offloader::Error::Cancelled { .. })
+        Err(offloader::Error::Cancelled { id: Some(_) })
     ));
     drain_single(&pool).await;
     assert!(!ran.load(Ordering::SeqCst));
@@ -447,7 +447,7 @@ async fn with_no_worker_and_none_to_spawn_a_plain_job_is_refused() {
         .offload(|_stop| ())
         .spawn()
         .expect_err("no worker to run it");
-    assert!(matches!(refused.reason(), Rejected::ThreadSpawn(_)));
+    assert!(matches!(refused.reason(), Error::ThreadSpawn(_)));
     within("the next job", pool.offload(|_stop| 2))
         .await
         .expect("a worker again");

@@ -6,7 +6,7 @@
 
 mod support;
 
-use offloader::StopToken;
+use offloader::{Error, StopToken};
 use support::*;
 use tokio_util::sync::CancellationToken;
 
@@ -523,7 +523,7 @@ fn a_caller_waiting_for_a_lagging_observer_stops_when_its_token_is_cancelled() {
             assert!(poll_once(awaited.as_mut()).await.is_pending());
             token.cancel();
             let submitted = submitted.await.map(|_| ()).map_err(|e| {
-                let behind = matches!(e.reason(), offloader::Rejected::ObserverBehind { .. });
+                let behind = matches!(e.reason(), Error::ObserverBehind { .. });
                 (behind, e.into_inner()(&StopToken::new()))
             });
             let awaited = awaited.await.map(|_| ());
@@ -805,4 +805,61 @@ async fn a_job_follows_its_token_after_its_handle_is_dropped() {
     within("idle", pool.idle()).await;
     assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     assert_ledger(&pool.metrics());
+}
+
+/// Issue 33: `stop_on` wrapped the function, so a refused `spawn` handed
+/// back an unnameable wrapper. It hands back the caller's own function now,
+/// of the type the caller named.
+#[tokio::test]
+async fn a_refused_job_following_tokens_hands_back_the_callers_own_function() {
+    fn answer(_: &StopToken) -> u8 {
+        42
+    }
+    let pool = pool(1, 1);
+    pool.shutdown();
+    let f: fn(&StopToken) -> u8 = answer;
+    let (a, b) = (CancellationToken::new(), CancellationToken::new());
+    match pool.offload(f).stop_on(a).stop_on(b).spawn() {
+        Ok(_) => panic!("accepted after shutdown"),
+        Err(e) => {
+            assert!(e.reason().is_shutdown(), "{e}");
+            let f: fn(&StopToken) -> u8 = e.into_inner();
+            assert_eq!(f(&StopToken::new()), 42);
+        }
+    }
+}
+
+/// A job refused for a full queue, then accepted when room frees (a
+/// `submit` waiting for room), follows its token: each attempt has its own
+/// end of the watch, and the refused attempt's, which ends as that attempt
+/// is dropped, is not the accepted job's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_accepted_after_a_refusal_follows_its_token() {
+    let pool = pool(1, 1);
+    let occupied = occupy(&pool, 1).await;
+    let queued = pool.offload(|_| ()).spawn().expect("the one place");
+    let token = CancellationToken::new();
+    let ran = flag();
+    let r = ran.clone();
+    let mut submitted = Box::pin(
+        pool.offload(move |_| r.store(true, std::sync::atomic::Ordering::SeqCst))
+            .stop_on(token.clone())
+            .submit(),
+    );
+    assert!(
+        poll_once(submitted.as_mut()).await.is_pending(),
+        "refused for the full queue, it waits for room"
+    );
+    assert!(queued.cancel());
+    let job = within("room", submitted).await.expect("accepted");
+    assert_eq!(job.state(), offloader::JobState::Queued);
+    token.cancel();
+    let err = within("the followed job", job).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Cancelled { id: Some(_) }),
+        "cancelled by its token while queued: {err:?}"
+    );
+    occupied.release().await;
+    within("idle", pool.idle()).await;
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
 }

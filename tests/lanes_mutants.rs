@@ -6,7 +6,7 @@
 
 mod support;
 
-use offloader::{JobHandle, LaneKey, Limiter, Offloader, Rejected};
+use offloader::{Error, JobHandle, LaneKey, Limiter, Offloader};
 use support::*;
 
 /// Spawns a job of `key` (if any) needing `limiters`, that signals `label`
@@ -124,7 +124,7 @@ async fn admission_beyond_the_bound_asks_whether_the_key_has_room() {
     // Key "a": one running, its limit one: the job would wait.
     let refused = pool.offload(|_| ()).key("a").spawn().unwrap_err();
     assert!(
-        matches!(refused.reason(), Rejected::Full { capacity: 1 }),
+        matches!(refused.reason(), Error::Full { capacity: 1 }),
         "{refused}"
     );
     // Key "wide": one running, its limit two: the job starts at once.

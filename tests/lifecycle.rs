@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use offloader::{Error, JobState, Offloader, Rejected, StopToken, Stopped};
+use offloader::{Error, JobState, Offloader, StopToken, Stopped};
 use support::*;
 
 fn is_shutting_down(err: &Error) -> bool {
-    matches!(err, Error::Rejected(Rejected::ShuttingDown))
+    matches!(err, Error::ShuttingDown { id: None })
 }
 
 // ---------------------------------------------------------------------------
@@ -83,7 +83,7 @@ async fn graceful_shutdown_finishes_running_and_queued_jobs_then_terminates() {
     // New work is refused at once.
     let refused = pool.offload(|_stop| 0).spawn().expect_err("shut down");
     assert!(
-        matches!(refused.reason(), Rejected::ShuttingDown),
+        matches!(refused.reason(), Error::ShuttingDown { id: None }),
         "{refused:?}"
     );
 
@@ -139,7 +139,7 @@ async fn new_work_after_shutdown_is_rejected_and_the_closure_handed_back() {
         .await
         .expect_err("refused after shutdown");
     assert!(is_shutting_down(&err), "{err:?}");
-    assert!(err.is_rejected());
+    assert!(err.is_shutdown());
     assert_eq!(err.job_id(), None, "a refused job was never accepted");
 
     // Try form: the closure comes back unrun and still callable.
@@ -153,7 +153,7 @@ async fn new_work_after_shutdown_is_rejected_and_the_closure_handed_back() {
         .spawn()
         .expect_err("refused after shutdown");
     assert!(
-        matches!(refused.reason(), Rejected::ShuttingDown),
+        matches!(refused.reason(), Error::ShuttingDown { id: None }),
         "{refused:?}"
     );
     assert!(
@@ -178,7 +178,7 @@ async fn new_work_after_shutdown_is_rejected_and_the_closure_handed_back() {
         .await
         .expect_err("refused after shutdown");
     assert!(
-        matches!(refused.reason(), Rejected::ShuttingDown),
+        matches!(refused.reason(), Error::ShuttingDown { id: None }),
         "{refused:?}"
     );
     let (_reason, f) = refused.into_parts();
@@ -235,7 +235,7 @@ async fn producers_blocked_on_a_full_queue_are_woken_by_shutdown() {
         {
             Ok(_handle) => Ok(()),
             Err(e) => {
-                let shutting_down = matches!(e.reason(), Rejected::ShuttingDown);
+                let shutting_down = matches!(e.reason(), Error::ShuttingDown { id: None });
                 let f = e.into_inner();
                 Err((shutting_down, f))
             }
@@ -628,10 +628,10 @@ async fn shutdown_now_returns_queued_jobs_and_stops_running_ones() {
         let id = h.id();
         let err = within("an unstarted job's handle", h).await.unwrap_err();
         assert!(
-            matches!(err, Error::Unstarted { id: e } if e == id),
+            matches!(err, Error::ShuttingDown { id: Some(e) } if e == id),
             "{err:?}"
         );
-        assert!(err.is_cancelled());
+        assert!(err.is_shutdown());
         assert!(
             !ran.load(Ordering::SeqCst),
             "a job returned unstarted ran anyway"
@@ -719,7 +719,7 @@ async fn shutdown_now_after_a_graceful_shutdown_still_returns_the_queue() {
     assert_eq!(unstarted[0].name.as_deref(), Some("late"));
     assert!(matches!(
         within("queued", queued).await,
-        Err(Error::Unstarted { .. })
+        Err(Error::ShuttingDown { id: Some(_) })
     ));
     running.release().await;
     within("terminated()", pool.terminated()).await;
@@ -811,7 +811,7 @@ async fn staged_close_escalates_and_reports_a_function_that_ignores_its_token() 
     for (h, ran) in queued {
         assert!(matches!(
             within("an unstarted job", h).await,
-            Err(Error::Unstarted { .. })
+            Err(Error::ShuttingDown { id: Some(_) })
         ));
         assert!(!ran.load(Ordering::SeqCst));
     }
@@ -1019,7 +1019,7 @@ async fn running_for_counts_from_the_start_and_queued_for_from_acceptance() {
     gate_b.open();
     within("a", a).await.unwrap();
     within("b", b).await.unwrap();
-    assert!(within("c", c).await.unwrap_err().is_cancelled());
+    assert!(within("c", c).await.unwrap_err().is_shutdown());
     within("terminated()", pool.terminated()).await;
 }
 
@@ -1386,8 +1386,8 @@ async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back()
         .spawn()
         .expect_err("the queue is full");
     match refused.reason() {
-        Rejected::Full { capacity } => assert_eq!(*capacity, 1),
-        other => panic!("expected Rejected::Full, got {other:?}"),
+        Error::Full { capacity } => assert_eq!(*capacity, 1),
+        other => panic!("expected Error::Full, got {other:?}"),
     }
     assert!(!ran.load(Ordering::SeqCst));
     let f = refused.into_inner();
@@ -1403,10 +1403,7 @@ async fn spawn_on_a_full_queue_is_refused_with_full_and_hands_the_closure_back()
         .spawn()
         .expect_err("still full")
         .into();
-    assert!(
-        matches!(err, Error::Rejected(Rejected::Full { capacity: 1 })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::Full { capacity: 1 }), "{err:?}");
 
     let m = pool.metrics();
     assert_eq!(
@@ -1645,10 +1642,13 @@ fn shutdown_now_returns_the_queued_job_though_a_worker_finishes_while_it_wakes_r
     rt.block_on(async {
         first.await.expect("the first job ran");
         let err = queued.await.expect_err("never started");
-        assert!(matches!(err, Error::Unstarted { .. }), "{err:?}");
+        assert!(
+            matches!(err, Error::ShuttingDown { id: Some(_) }),
+            "{err:?}"
+        );
         let refused = waiting.await.expect_err("refused at shutdown");
         assert!(
-            matches!(refused.reason(), Rejected::ShuttingDown),
+            matches!(refused.reason(), Error::ShuttingDown { id: None }),
             "{refused:?}"
         );
     });

@@ -304,7 +304,7 @@ async fn waiting_for_a_limiter_is_queued_for_cancel_timeout_and_shutdown() {
     assert!(e.is_timeout(), "{e}");
     assert_eq!(l.stats().waiting, 1);
     assert_eq!(pool.shutdown_now().len(), 1);
-    assert!(within("left", left).await.unwrap_err().is_cancelled());
+    assert!(within("left", left).await.unwrap_err().is_shutdown());
     assert_eq!(l.stats().waiting, 0);
     gate.open();
     within("running", running).await.unwrap();

@@ -83,7 +83,7 @@ use std::time::{Duration, Instant};
 use futures_core::Stream;
 use offloader::{
     AbandonPolicy, AllFailed, BatchError, Error, EventKind, Fate, JobEvent, JobGroup, JobHandle,
-    JobId, JobState, Metrics, Observer, OffloadFuture, Offloader, Rejected, StopToken, SubmitError,
+    JobId, JobState, Metrics, Observer, OffloadFuture, Offloader, StopToken, SubmitError,
     WeakOffloader,
 };
 use proptest::prelude::*;
@@ -1141,7 +1141,7 @@ impl Model {
     fn abandon(&mut self, j: usize, policy: AbandonPolicy, timed_out: bool) -> Fate {
         if self.jobs[j].st.terminal() {
             // Nothing to leave: nothing counted, no policy applied.
-            return Fate::AlreadyFinished;
+            return Fate::Finished;
         }
         if timed_out {
             self.c.callers_timed_out += 1;
@@ -1152,13 +1152,13 @@ impl Model {
             self.c.running_after_caller_left += 1;
         }
         match policy {
-            AbandonPolicy::CancelIfQueued if self.cancel_queued(j) => Fate::CancelledBeforeStart,
-            AbandonPolicy::CancelAndStop if self.cancel_queued(j) => Fate::CancelledBeforeStart,
+            AbandonPolicy::CancelIfQueued if self.cancel_queued(j) => Fate::Cancelled,
+            AbandonPolicy::CancelAndStop if self.cancel_queued(j) => Fate::Cancelled,
             AbandonPolicy::CancelAndStop => {
                 self.stop(j);
                 Fate::StopRequested
             }
-            _ => Fate::KeptRunning,
+            _ => Fate::Kept,
         }
     }
 
@@ -1777,12 +1777,12 @@ impl Harness {
                     && text.contains("permit was released")
             }
             St::Cancelled => {
-                matches!(got, Err(Error::Cancelled { .. }))
+                matches!(got, Err(Error::Cancelled { id: Some(_) }))
                     && text.contains("cancelled before it started")
                     && text.contains("never ran")
             }
             St::Unstarted => {
-                matches!(got, Err(Error::Unstarted { .. }))
+                matches!(got, Err(Error::ShuttingDown { id: Some(_) }))
                     && text.contains("never started")
                     && text.contains("unstarted")
             }
@@ -1813,7 +1813,7 @@ impl Harness {
             .map(ToString::to_string)
             .unwrap_or_default();
         let ok = matches!(got, Err(Error::TimedOut { state, fate, .. })
-            if *state == want_state && *fate == want_fate);
+            if *state == Some(want_state) && *fate == want_fate);
         ensure!(
             self,
             ok,
@@ -2051,7 +2051,7 @@ impl Harness {
                 ensure!(
                     self,
                     self.model.jobs.len() <= b.tag
-                        && matches!(e.reason(), Rejected::ShuttingDown)
+                        && matches!(e.reason(), Error::ShuttingDown { id: None })
                         && text.contains("shutting down"),
                     "the blocked producer got {text}; the model accepted it"
                 );
@@ -2660,7 +2660,7 @@ impl Harness {
                 // The 1 ms time-out ran out at the very first poll: the
                 // caller left at the instant of submission (the job queued).
                 self.model.accept(kind, None, false);
-                self.register(tag, Some(id), gate);
+                self.register(tag, id, gate);
                 let want_fate = self.model.abandon(tag, effective, true);
                 self.model.advance();
                 self.log.push(format!(
@@ -2668,7 +2668,7 @@ impl Harness {
                 ));
                 ensure!(
                     self,
-                    state == JobState::Queued && fate == want_fate,
+                    state == Some(JobState::Queued) && fate == want_fate,
                     "job {tag} timed out at the first poll {state:?} with fate {fate:?}, model Queued and {want_fate:?}"
                 );
             }
@@ -2717,8 +2717,8 @@ impl Harness {
             self.note(format!(
                 " -> {} awaiting callers dropped: {} kept, {} cancelled, {} stopped",
                 fates.len(),
-                count(Fate::KeptRunning),
-                count(Fate::CancelledBeforeStart),
+                count(Fate::Kept),
+                count(Fate::Cancelled),
                 count(Fate::StopRequested)
             ));
         }
@@ -2739,9 +2739,9 @@ impl Harness {
     /// only when the model says none of its jobs can wait on a gate.
     async fn invoke_all(&mut self, n: usize, group: Option<usize>) {
         let refusal = if self.model.shutdown {
-            Some(Rejected::ShuttingDown)
+            Some(Error::ShuttingDown { id: None })
         } else if group.is_some_and(|g| self.model.group_stopped[g]) {
-            Some(Rejected::GroupStopped)
+            Some(Error::Cancelled { id: None })
         } else {
             None
         };
@@ -2780,7 +2780,7 @@ impl Harness {
         );
         if let Some(r) = refusal {
             for o in &out {
-                let refused = matches!(o, Err(Error::Rejected(got)) if std::mem::discriminant(got) == std::mem::discriminant(&r));
+                let refused = matches!(o, Err(got) if std::mem::discriminant(got) == std::mem::discriminant(&r) && got.job_id().is_none());
                 ensure!(
                     self,
                     refused,
@@ -2788,7 +2788,7 @@ impl Harness {
                 );
             }
             match r {
-                Rejected::ShuttingDown => self.model.c.rejected_shutdown += n as u64,
+                Error::ShuttingDown { id: None } => self.model.c.rejected_shutdown += n as u64,
                 _ => {
                     let g = group.expect("a group refusal");
                     for c in &mut self.model.group_rejected[..=g] {
@@ -2813,11 +2813,11 @@ impl Harness {
 
     /// Why a batch through the pool or `group` is refused outright, if it
     /// is: after a shutdown, or once the group is stopped.
-    fn batch_refusal(&self, group: Option<usize>) -> Option<Rejected> {
+    fn batch_refusal(&self, group: Option<usize>) -> Option<Error> {
         if self.model.shutdown {
-            Some(Rejected::ShuttingDown)
+            Some(Error::ShuttingDown { id: None })
         } else if group.is_some_and(|g| self.model.group_stopped[g]) {
-            Some(Rejected::GroupStopped)
+            Some(Error::Cancelled { id: None })
         } else {
             None
         }
@@ -2837,9 +2837,9 @@ impl Harness {
     /// Counts `count` refusals `r` (from [`Harness::batch_refusal`]) of a
     /// batch through the pool or `group`: a group's count in the group and
     /// its ancestors (a batch's own group is a child of it).
-    fn count_batch_refusals(&mut self, r: &Rejected, group: Option<usize>, count: usize) {
+    fn count_batch_refusals(&mut self, r: &Error, group: Option<usize>, count: usize) {
         match r {
-            Rejected::ShuttingDown => self.model.c.rejected_shutdown += count as u64,
+            Error::ShuttingDown { id: None } => self.model.c.rejected_shutdown += count as u64,
             _ => {
                 let g = group.expect("a group refusal");
                 for c in &mut self.model.group_rejected[..=g] {
@@ -2850,9 +2850,9 @@ impl Harness {
         self.note(format!(" -> {count} refused ({r:?})"));
     }
 
-    fn check_refused(&self, what: &str, r: &Rejected, got: &BatchError<Val>) {
-        let refused = matches!(got, BatchError::Job(Error::Rejected(e))
-            if std::mem::discriminant(e) == std::mem::discriminant(r));
+    fn check_refused(&self, what: &str, r: &Error, got: &BatchError<Val>) {
+        let refused = matches!(got, BatchError::Job(e)
+            if std::mem::discriminant(e) == std::mem::discriminant(r) && e.job_id().is_none());
         ensure!(
             self,
             refused,
@@ -3254,8 +3254,8 @@ impl Harness {
         {
             ensure!(
                 self,
-                matches!(&got, Err(e) if matches!(e.reason(), Rejected::GroupStopped)),
-                "spawn through stopped group {g}: expected GroupStopped, got {:?}",
+                matches!(&got, Err(e) if matches!(e.reason(), Error::Cancelled { id: None })),
+                "spawn through stopped group {g}: expected Cancelled {{ id: None }}, got {:?}",
                 got.as_ref().map(|h| h.id()).map_err(|e| e.to_string())
             );
             // Counted in the group and its ancestors (group 0 is group 1's).
@@ -3292,21 +3292,21 @@ impl Harness {
                     .unwrap_or_default();
                 let ok = match (&got, refusal) {
                     (Err(e), Refusal::Full) => {
-                        matches!(e.reason(), Rejected::Full { capacity } if *capacity == self.cfg.queue_capacity)
+                        matches!(e.reason(), Error::Full { capacity } if *capacity == self.cfg.queue_capacity)
                             && text.contains(&format!(
                                 "queue is full ({} jobs waiting)",
                                 self.cfg.queue_capacity
                             ))
                     }
                     (Err(e), Refusal::ShuttingDown) => {
-                        matches!(e.reason(), Rejected::ShuttingDown)
+                        matches!(e.reason(), Error::ShuttingDown { id: None })
                             && text.contains("shutting down")
                     }
                     (Ok(_), _) => false,
                 };
                 ensure!(
                     self,
-                    ok && text.contains("handed back unrun"),
+                    ok && text.starts_with("job refused, the function never ran: "),
                     "spawn: expected a refusal ({refusal:?}), got {:?}",
                     got.as_ref().map(|h| h.id()).map_err(|e| e.to_string())
                 );
@@ -3351,7 +3351,7 @@ impl Harness {
             }
             Some(Refusal::ShuttingDown) => {
                 let got = self.within("submit after shutdown", fut).await;
-                let ok = matches!(&got, Err(e) if matches!(e.reason(), Rejected::ShuttingDown));
+                let ok = matches!(&got, Err(e) if matches!(e.reason(), Error::ShuttingDown { id: None }));
                 ensure!(self, ok, "submit after shutdown was not refused");
                 self.model.c.rejected_shutdown += 1;
                 self.note(" -> refused (shutting down)".to_owned());
@@ -3412,10 +3412,7 @@ impl Harness {
         let first = poll_once(fut.as_mut()).await;
         match refusal {
             Some(Refusal::ShuttingDown) => {
-                let ok = matches!(
-                    &first,
-                    Poll::Ready(Err(Error::Rejected(Rejected::ShuttingDown)))
-                );
+                let ok = matches!(&first, Poll::Ready(Err(Error::ShuttingDown { id: None })));
                 ensure!(self, ok, "offload after shutdown: got {first:?}");
                 self.model.c.rejected_shutdown += 1;
                 self.note(" -> refused (shutting down)".to_owned());
@@ -3440,12 +3437,19 @@ impl Harness {
                     .err()
                     .map(ToString::to_string)
                     .unwrap_or_default();
-                let ok = matches!(&got, Err(Error::Rejected(Rejected::FullUntilTimeout { capacity, .. })) if *capacity == self.cfg.queue_capacity)
-                    && text.contains("stayed full");
+                let ok = matches!(
+                    &got,
+                    Err(Error::TimedOut {
+                        id: None,
+                        state: None,
+                        fate: Fate::Cancelled,
+                        ..
+                    })
+                ) && text.contains("full queue");
                 ensure!(
                     self,
                     ok,
-                    "offload on a full queue: expected FullUntilTimeout, got {got:?}"
+                    "offload on a full queue: expected a timeout never accepted, got {got:?}"
                 );
                 self.model.c.rejected_full += 1;
                 self.note(" -> the queue stayed full".to_owned());
@@ -3471,15 +3475,17 @@ impl Harness {
                         }) => (*state, *fate, *id),
                         _ => self.fail(format!("first poll of an unfinished job returned {got:?}")),
                     };
-                    let t = self.model.accept(kind, name, state != JobState::Queued);
-                    self.register(t, Some(id), gate);
+                    let t = self
+                        .model
+                        .accept(kind, name, state != Some(JobState::Queued));
+                    self.register(t, id, gate);
                     self.note(format!(" (timed out at the first poll, {state:?})"));
                     let want_state = self.model.jobs[t].st.job_state();
                     let want_fate = self.model.abandon(t, effective, true);
                     self.model.advance();
                     ensure!(
                         self,
-                        state == want_state,
+                        state == Some(want_state),
                         "timed out at the first poll with the job {state:?}, model {want_state:?}"
                     );
                     self.check_timed_out("awaited directly", t, want_state, want_fate, &got);
@@ -3529,7 +3535,7 @@ impl Harness {
             self.check_outcome("await", tag, taken, &got);
             self.slots[i].taken = true;
         } else {
-            self.check_timed_out("await", tag, st.job_state(), Fate::KeptRunning, &got);
+            self.check_timed_out("await", tag, st.job_state(), Fate::Kept, &got);
         }
         // An await of the handle itself uses up its spawned time-out.
         if st.terminal() || timer {
@@ -3552,7 +3558,7 @@ impl Harness {
             self.check_outcome("wait_timeout", tag, taken, &got);
             self.slots[i].taken = true;
         } else {
-            self.check_timed_out("wait_timeout", tag, st.job_state(), Fate::KeptRunning, &got);
+            self.check_timed_out("wait_timeout", tag, st.job_state(), Fate::Kept, &got);
         }
     }
 
@@ -3579,7 +3585,7 @@ impl Harness {
                 "blocking_wait_timeout",
                 tag,
                 st.job_state(),
-                Fate::KeptRunning,
+                Fate::Kept,
                 &got,
             );
             self.slots.insert(i, slot);

@@ -5,8 +5,7 @@ use std::future::{Future, IntoFuture};
 
 use offloader::{
     AbandonPolicy, AllFailed, BuildError, Builder, Error, Fate, JobHandle, JobId, JobState,
-    Metrics, Offload, OffloadFuture, Offloader, Rejected, StopCallback, StopToken, Stopped,
-    SubmitError,
+    Metrics, Offload, OffloadFuture, Offloader, StopCallback, StopToken, Stopped, SubmitError,
 };
 
 fn send<T: Send>() {}
@@ -24,7 +23,6 @@ fn public_types_are_send_and_sync() {
     send_sync::<StopToken>();
     send_sync::<StopCallback>();
     send_sync::<Error>();
-    send_sync::<Rejected>();
     send_sync::<BuildError>();
     send_sync::<Stopped>();
     send_sync::<Metrics>();
@@ -47,7 +45,6 @@ fn public_types_are_send_and_sync() {
     send::<SubmitError<Func>>();
 
     static_error::<Error>();
-    static_error::<Rejected>();
     static_error::<BuildError>();
     static_error::<Stopped>();
     static_error::<SubmitError<Func>>();

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Wake, Waker};
 
-use offloader::{EventKind, JobEvent, JobId, JobState, Observer, Offloader, Rejected};
+use offloader::{Error, EventKind, Fate, JobEvent, JobId, JobState, Observer, Offloader};
 use support::*;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -105,7 +105,7 @@ async fn a_terminated_observed_pool_stays_terminated() {
     assert!(pool.is_terminated());
     let refused = pool.offload(|_| 2).spawn();
     assert!(
-        matches!(refused, Err(ref e) if matches!(e.reason(), Rejected::ShuttingDown)),
+        matches!(refused, Err(ref e) if matches!(e.reason(), Error::ShuttingDown { id: None })),
         "refused after shutdown"
     );
     assert!(pool.is_terminated(), "a refused offload started a thread");
@@ -181,7 +181,7 @@ impl Observer for HoldsCancels {
 }
 
 /// A caller that gives up waiting for room on an observed pool whose
-/// observer is within its lag is refused `FullUntilTimeout`, counted in
+/// observer is within its lag times out never accepted (`TimedOut { id: None, .. }`), counted in
 /// `rejected_full`, even if the room freed just then went to another
 /// waiter: `ObserverBehind` only when the observer's lag holds admission
 /// back (`State::observer_behind`).
@@ -216,7 +216,15 @@ async fn a_timed_out_room_waiter_is_refused_full_when_the_observer_keeps_up() {
         .await
         .expect_err("its time-out passes while the slot is promised away");
     assert!(
-        matches!(err.reason(), Rejected::FullUntilTimeout { capacity: 1, .. }),
+        matches!(
+            err.reason(),
+            Error::TimedOut {
+                id: None,
+                state: None,
+                fate: Fate::Cancelled,
+                ..
+            }
+        ),
         "{:?}",
         err.reason()
     );
@@ -229,7 +237,7 @@ async fn a_timed_out_room_waiter_is_refused_full_when_the_observer_keeps_up() {
 }
 
 /// A caller that gives up waiting for room while the queue is full *and*
-/// the observer lags is refused `FullUntilTimeout`: room, not the
+/// the observer lags times out never accepted: room, not the
 /// observer, is what it waited for, and the observer catching up would not
 /// let it in (kills the mutant of `waiting_for_permit` that counts one
 /// waiting job whatever the queue holds, which reported `ObserverBehind`).
@@ -258,7 +266,15 @@ async fn a_caller_timed_out_on_a_full_queue_is_refused_full_though_the_observer_
     .await
     .expect_err("the queue stays full");
     assert!(
-        matches!(err.reason(), Rejected::FullUntilTimeout { capacity: 2, .. }),
+        matches!(
+            err.reason(),
+            Error::TimedOut {
+                id: None,
+                state: None,
+                fate: Fate::Cancelled,
+                ..
+            }
+        ),
         "{:?}",
         err.reason()
     );

@@ -10,9 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
-use offloader::{
-    AbandonPolicy, Error, JobHandle, JobState, Metrics, Offloader, Rejected, StopToken,
-};
+use offloader::{AbandonPolicy, Error, JobHandle, JobState, Metrics, Offloader, StopToken};
 use support::*;
 
 /// Takes snapshots on its own thread until told to stop; each must balance
@@ -70,7 +68,7 @@ async fn cancel_racing_start_exactly_one_wins_for_every_job() {
                     match pool.offload(f).spawn() {
                         Ok(h) => break h,
                         Err(e) => {
-                            assert!(matches!(e.reason(), Rejected::Full { .. }), "{e}");
+                            assert!(matches!(e.reason(), Error::Full { .. }), "{e}");
                             full += 1;
                             f = e.into_inner();
                             thread::yield_now();
@@ -114,7 +112,7 @@ async fn cancel_racing_start_exactly_one_wins_for_every_job() {
                 );
             }
             match (won, h.await) {
-                (true, Err(Error::Cancelled { id: got })) if got == id => n_cancelled += 1,
+                (true, Err(Error::Cancelled { id: Some(got) })) if got == id => n_cancelled += 1,
                 (false, Ok(v)) if v == i => {
                     ran[i] = true;
                     n_ran += 1;
@@ -217,25 +215,25 @@ async fn ledger_and_limit_hold_under_a_randomized_mix() {
                     match out {
                         Ok(_) => {}
                         Err(e) if e.is_timeout() || e.is_cancelled() => {}
-                        Err(Error::Rejected(Rejected::FullUntilTimeout { .. })) => {}
+                        Err(Error::TimedOut { id: None, .. }) => {}
                         Err(e) => panic!("op {op}: unexpected {e:?}"),
                     }
                 }
                 // Spawned, then dropped (detached).
                 2 => match pool.offload(work).spawn() {
                     Ok(h) => drop(h),
-                    Err(e) => assert!(matches!(e.reason(), Rejected::Full { .. })),
+                    Err(e) => assert!(matches!(e.reason(), Error::Full { .. })),
                 },
                 // Spawned, cancelled, awaited: the outcome matches the cancel.
                 3 => match pool.offload(work).spawn() {
                     Ok(h) => {
                         let won = h.cancel();
                         match (won, h.await) {
-                            (true, Err(Error::Cancelled { .. })) | (false, Ok(_)) => {}
+                            (true, Err(Error::Cancelled { id: Some(_) })) | (false, Ok(_)) => {}
                             (won, out) => panic!("op {op}: cancel {won}, outcome {out:?}"),
                         }
                     }
-                    Err(e) => assert!(matches!(e.reason(), Rejected::Full { .. })),
+                    Err(e) => assert!(matches!(e.reason(), Error::Full { .. })),
                 },
                 // Spawned, stopped, awaited.
                 4 => match pool.offload(work).spawn() {
@@ -243,7 +241,7 @@ async fn ledger_and_limit_hold_under_a_randomized_mix() {
                         h.stop();
                         assert!(matches!(h.await, Ok(Ok(_)) | Ok(Err(offloader::Stopped))));
                     }
-                    Err(e) => assert!(matches!(e.reason(), Rejected::Full { .. })),
+                    Err(e) => assert!(matches!(e.reason(), Error::Full { .. })),
                 },
                 // A panic, now and then.
                 5 if r2 % 4 == 0 => {
@@ -271,7 +269,7 @@ async fn ledger_and_limit_hold_under_a_randomized_mix() {
                         .await;
                     if let Err(e) = out {
                         assert!(
-                            e.is_timeout() || e.is_cancelled() || e.is_rejected(),
+                            e.is_timeout() || e.is_cancelled() || e.is_busy() || e.is_shutdown(),
                             "{e:?}"
                         );
                     }

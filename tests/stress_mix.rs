@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use offloader::{AbandonPolicy, Error, Fate, Metrics, Rejected, StopToken, Stopped};
+use offloader::{AbandonPolicy, Error, Fate, Metrics, StopToken, Stopped};
 use support::*;
 
 const MAX_IN_FLIGHT: u64 = 4;
@@ -106,16 +106,14 @@ fn classify(idx: usize, r: Result<Result<usize, Stopped>, Error>) -> Result<Seen
             }
             Seen::Panicked
         }
-        Err(Error::Cancelled { .. }) => Seen::Cancelled {
+        Err(Error::Cancelled { id: Some(_) }) => Seen::Cancelled {
             by_this_cancel: false,
         },
-        Err(Error::Unstarted { .. }) => Seen::Unstarted,
+        Err(Error::ShuttingDown { id: Some(_) }) => Seen::Unstarted,
+        Err(Error::TimedOut { id: None, .. }) => Seen::Rejected("full until timeout"),
         Err(Error::TimedOut { fate, .. }) => Seen::TimedOut(fate),
-        Err(Error::Rejected(Rejected::Full { .. })) => Seen::Rejected("full"),
-        Err(Error::Rejected(Rejected::FullUntilTimeout { .. })) => {
-            Seen::Rejected("full until timeout")
-        }
-        Err(Error::Rejected(Rejected::ShuttingDown)) => Seen::Rejected("shutting down"),
+        Err(Error::Full { .. }) => Seen::Rejected("full"),
+        Err(Error::ShuttingDown { id: None }) => Seen::Rejected("shutting down"),
         Err(other) => return Err(format!("job {idx}: unexpected error {other:?}")),
     })
 }
@@ -378,14 +376,14 @@ async fn run_mix(seed: u64) -> Vec<usize> {
         {
             // Only an owner's own cancel() should produce Error::Cancelled; a
             // timed-out caller whose policy cancelled the queued job should
-            // get TimedOut { fate: CancelledBeforeStart }. Checked last, so
+            // get TimedOut { fate: Cancelled }. Checked last, so
             // that every other invariant is checked first.
             misreported_timeouts.push(idx);
         }
         let ok = match s {
             Seen::Returned(_) | Seen::Panicked => runs == 1,
             Seen::Cancelled { .. } | Seen::Unstarted | Seen::Rejected(_) => runs == 0,
-            Seen::TimedOut(Fate::CancelledBeforeStart) => runs == 0,
+            Seen::TimedOut(Fate::Cancelled) => runs == 0,
             Seen::TimedOut(_) | Seen::Detached => runs <= 1,
         };
         if !ok {
@@ -503,7 +501,7 @@ async fn run_seeds(seeds: Vec<u64>) {
         misreported.is_empty(),
         "awaited callers whose own timeout cancelled their queued job (CancelIfQueued or \
          CancelAndStop) got Error::Cancelled instead of Error::TimedOut {{ state: Queued, \
-         fate: CancelledBeforeStart }}; (seed, count, first jobs): {misreported:?}"
+         fate: Cancelled }}; (seed, count, first jobs): {misreported:?}"
     );
 }
 

@@ -74,7 +74,7 @@ fn a_subscriber_called_for_a_finished_job_runs_before_the_next_is_started() {
             "round {round}: the subscriber's cancel won before the job began"
         );
         assert!(
-            matches!(outcome, Err(Error::Cancelled { .. })),
+            matches!(outcome, Err(Error::Cancelled { id: Some(_) })),
             "{outcome:?}"
         );
         assert!(!queued.begun.load(Ordering::SeqCst));

@@ -250,6 +250,7 @@ fn fill_reserved_place(pool: &Offloader) {
         None,
         None,
         Default::default(),
+        None,
     );
     let job = core.into_task(|_: &crate::StopToken| 1);
     let pushed = pool.inner().intake.as_ref().expect("an intake").push(job);

@@ -4,7 +4,7 @@
 //! callers waiting for room.
 
 use super::{After, Room, State};
-use crate::error::Rejected;
+use crate::error::Error;
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::observer::EventKind;
@@ -17,16 +17,16 @@ impl State {
     /// that a free permit will start at once are not waiting. The refusals
     /// for good come first: a caller told "full" waits for room, and must
     /// not wait for it through a stopped group.
-    pub(crate) fn admit(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Rejected> {
+    pub(crate) fn admit(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Error> {
         if self.shutdown {
             self.counts.rejected_shutdown += 1;
-            return Err(Rejected::ShuttingDown);
+            return Err(Error::ShuttingDown { id: None });
         }
         self.group_admits(core)?;
         self.reserve(core, cancelled)?;
         if self.observe && self.events.lag() >= self.observer_lag {
             self.unreserve();
-            return Err(Rejected::ObserverBehind {
+            return Err(Error::ObserverBehind {
                 lag: self.events.lag(),
             });
         }
@@ -44,7 +44,7 @@ impl State {
     /// A job `cancelled` as it is accepted (it follows a token cancelled
     /// already) leaves the queue in the same critical section: it takes no
     /// place for longer than that, and is never refused for want of one.
-    fn reserve(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Rejected> {
+    fn reserve(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Error> {
         let mut settled = false;
         let reserved = loop {
             let (counted, seen) = self.count.exact(self.left);
@@ -62,7 +62,7 @@ impl State {
                     self.close_intake();
                     continue;
                 }
-                break Err(Rejected::Full {
+                break Err(Error::Full {
                     capacity: self.queue_capacity,
                 });
             }

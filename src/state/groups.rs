@@ -25,7 +25,7 @@
 //!   that makes it terminal.
 
 use super::{After, Room, State};
-use crate::error::Rejected;
+use crate::error::Error;
 use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
 use crate::job::Task;
 use crate::job_core::JobCore;
@@ -134,7 +134,7 @@ impl State {
 
     /// Whether a job offloaded through its group may join it: refused if
     /// the group is stopped (G2).
-    pub(crate) fn group_admits(&mut self, core: &JobCore) -> Result<(), Rejected> {
+    pub(crate) fn group_admits(&mut self, core: &JobCore) -> Result<(), Error> {
         let Some(m) = core.membership() else {
             return Ok(());
         };
@@ -142,7 +142,7 @@ impl State {
             return Ok(());
         }
         self.each_group(m.group, |c| c.counts.rejected += 1);
-        Err(Rejected::GroupStopped)
+        Err(Error::Cancelled { id: None })
     }
 
     /// Part of *accept*: the job `job` (key in the job slab) joins its

@@ -37,7 +37,7 @@ fn state(max_in_flight: usize, capacity: usize, watcher: &Arc<TestPool>) -> Stat
 
 fn job(key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
     let limiters = crate::limiter::Limiters::from(limiters.as_slice());
-    new_core(JobId::next(), None, None, None, key, limiters).into_task(|_: &StopToken| ())
+    new_core(JobId::next(), None, None, None, key, limiters, None).into_task(|_: &StopToken| ())
 }
 
 fn accept(s: &mut State, key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {

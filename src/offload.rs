@@ -145,8 +145,9 @@ where
     /// per token: the job follows each, and the first one cancelled acts,
     /// by when it is cancelled:
     ///
-    /// - **before the job is accepted** (before `spawn` or `submit`
-    ///   returns, or while its caller waits for room): it never runs. It is
+    /// - **before `spawn` or `submit` is called, or while its caller waits
+    ///   for room:** it never runs (a cancel racing the call itself may
+    ///   land after its check, and then counts as one of the cases below). It is
     ///   accepted and cancelled at once, taking no place in the queue, or
     ///   refused ([`Error::ObserverBehind`]) if an observer's lag holds
     ///   admission back; a caller waiting for room stops waiting;

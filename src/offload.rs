@@ -204,7 +204,7 @@ where
     /// Bounds how long the caller waits for the outcome, counted from when
     /// the future is created (waiting for queue room included).
     ///
-    /// When it passes, the wait ends with [`Error::TimedOut`](crate::Error::TimedOut) and the job
+    /// When it passes, the wait ends with [`Error::TimedOut`] and the job
     /// follows the abandon policy. The function sees the resulting instant
     /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed or
     /// [`submit`](Self::submit)ted handle it bounds the handle's awaits

@@ -41,7 +41,7 @@ impl Inner {
         if !s.delivery_starting() {
             return None;
         }
-        let spawned = if s.injected_delivery_spawn_failure() {
+        let spawned = if s.workers.injected_delivery_spawn_failure() {
             Err(std::io::Error::from_raw_os_error(11)) // EAGAIN
         } else {
             self.spawn_thread(s, "observer", |inner, slot| inner.delivery_loop(slot))
@@ -49,7 +49,7 @@ impl Inner {
         match spawned {
             Ok(()) => None,
             Err(e) => {
-                s.delivery_gone();
+                s.workers.delivery_gone();
                 Some(e)
             }
         }

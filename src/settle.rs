@@ -36,7 +36,7 @@ pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
                 return Poll::Ready(None);
             }
             if s.threads_retired() {
-                let exited = s.take_exited();
+                let exited = s.workers.take_exited();
                 if !exited.is_empty() {
                     return Poll::Ready(Some(exited));
                 }
@@ -173,7 +173,7 @@ pub(crate) fn blocking_wait(inner: &Inner, awaited: Awaited, until: Option<Insta
             return true;
         }
         if s.threads_retired() {
-            let exited = s.take_exited();
+            let exited = s.workers.take_exited();
             if !exited.is_empty() {
                 drop(s);
                 inner.join(exited);

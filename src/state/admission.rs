@@ -88,8 +88,8 @@ impl State {
     /// Permits free now that have a worker to run them: while the OS
     /// refuses new threads, only the workers that exist count.
     pub(super) fn free_permits(&self) -> usize {
-        if self.spawn_blocked {
-            self.workers.saturating_sub(self.running.len())
+        if self.workers.spawn_blocked() {
+            self.workers.live().saturating_sub(self.running.len())
         } else {
             self.max_in_flight.saturating_sub(self.running.len())
         }
@@ -181,5 +181,10 @@ impl State {
     /// Counts a refusal for an observer that fell behind.
     pub(crate) fn count_observer_behind(&mut self) {
         self.counts.rejected_observer += 1;
+    }
+
+    /// Counts a job refused because no worker could be spawned for it.
+    pub(crate) fn count_spawn_refusal(&mut self) {
+        self.counts.rejected_spawn += 1;
     }
 }

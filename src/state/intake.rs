@@ -29,7 +29,7 @@ impl State {
         if self.intake.is_none() {
             return;
         }
-        let open = !self.shutdown && self.room_waiters == 0 && self.workers > 0;
+        let open = !self.shutdown && self.room_waiters == 0 && self.workers.live() > 0;
         if open {
             self.count.set_closed(false);
         } else {
@@ -67,15 +67,6 @@ impl State {
     /// places reserved at it, and those reserved under this lock.
     pub(super) fn intake_ahead(&self, counted: usize) -> usize {
         counted.saturating_sub(self.queued + self.reserved)
-    }
-
-    /// Publishes the workers' counts to submitters at the intake
-    /// (fast/intake.rs inv. 2): searching, and parked or not yet spawned.
-    pub(super) fn publish_workers(&self) {
-        if let Some(intake) = &self.intake {
-            let wakeable = self.parked_list.len() + self.max_in_flight.saturating_sub(self.workers);
-            intake.set_workers(self.searching, wakeable);
-        }
     }
 
     /// A worker stopped searching: jobs that passed the intake since this
@@ -136,7 +127,7 @@ impl State {
     /// after the worker looked (fast/intake.rs inv. 1); the intake stays closed
     /// if it goes (no worker lives then), and opens again if it stays.
     pub(crate) fn may_retire(&mut self) -> bool {
-        if self.workers == 1 && self.intake.is_some() {
+        if self.workers.live() == 1 && self.intake.is_some() {
             self.close_intake();
         }
         if self.must_keep_worker() {

@@ -106,6 +106,7 @@ mod tombstones;
 mod transitions;
 mod workers;
 use crate::sync::{thread, Arc};
+pub(crate) use workers::Workers;
 
 /// Work left to do after the lock is released (S4). Transitions add to it;
 /// `Inner::after` carries it out.
@@ -247,12 +248,6 @@ struct Counts {
     run_time_total: Duration,
 }
 
-/// A parked worker: its id and its thread.
-struct Parked {
-    id: u64,
-    thread: thread::Thread,
-}
-
 /// Which waiter count a [`Waiting`](crate::waits::Waiting) guard holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Waiters {
@@ -309,15 +304,9 @@ pub(crate) struct State {
     tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
     running: List,
-    /// Parked workers not yet claimed, most recently parked last.
-    parked: Slab<Parked>,
-    parked_list: List,
-    /// Live worker threads (spawned and not retired).
-    workers: usize,
-    /// Awake workers without a job that will look at the queue before
-    /// they park.
-    searching: usize,
-    next_worker: u64,
+    /// The worker threads, and the pool's other threads (workers.rs).
+    /// Open to the crate: its methods keep only its own fields' rules.
+    pub(crate) workers: Workers,
     /// Terminal jobs whose outcome is not yet published (or, for a
     /// worker's last job, not yet settled at its next lock).
     unpublished: usize,
@@ -331,20 +320,6 @@ pub(crate) struct State {
     shutdown: bool,
     /// An immediate shutdown is draining the queue: nothing starts.
     draining: bool,
-    /// The stuck-job monitor thread is alive.
-    monitor: bool,
-    /// The observer's delivery thread is alive.
-    delivery: bool,
-    inject_spawn_failures: usize,
-    inject_delivery_spawn_failures: usize,
-    /// The last worker spawn failed (and none succeeded since).
-    spawn_blocked: bool,
-    /// Handles of live pool threads (workers and the monitor), by slot.
-    threads: Slab<Option<thread::JoinHandle<()>>>,
-    /// Handles of retired threads nobody has joined yet.
-    exited: Vec<thread::JoinHandle<()>>,
-    /// Handles taken out of `exited` and being joined now.
-    joining: usize,
     events: EventQueue,
     counts: Counts,
     /// The jobs queued, in the intake, or with a place reserved in the
@@ -395,11 +370,7 @@ impl State {
             startable_queued: 0,
             tombstones: 0,
             running: List::default(),
-            parked: Slab::default(),
-            parked_list: List::default(),
-            workers: 0,
-            searching: 0,
-            next_worker: 0,
+            workers: Workers::new(max_in_flight, intake.clone()),
             unpublished: 0,
             room_waiters: 0,
             room_waiters_plain: 0,
@@ -407,14 +378,6 @@ impl State {
             own_waiters: 0,
             shutdown: false,
             draining: false,
-            monitor: false,
-            delivery: false,
-            inject_spawn_failures: 0,
-            inject_delivery_spawn_failures: 0,
-            spawn_blocked: false,
-            threads: Slab::default(),
-            exited: Vec::new(),
-            joining: 0,
             events: EventQueue::default(),
             counts: Counts::default(),
             count,
@@ -434,7 +397,7 @@ impl State {
         self.shutdown = true;
         // Nothing passes the intake from now on (fast/intake.rs inv. 1).
         self.refresh_intake();
-        self.claim_all_parked(after);
+        self.workers.claim_all_parked(after);
         after.room = Room::All;
         self.settle_check(after);
         true
@@ -502,23 +465,18 @@ impl State {
     /// Shut down, idle, and every pool thread has exited *and been joined*
     /// (its thread-local destructors have run).
     pub(crate) fn is_terminated(&self) -> bool {
-        self.threads_retired() && self.exited.is_empty() && self.joining == 0
+        self.threads_retired() && self.workers.all_joined()
     }
 
     /// Shut down, idle, and every pool thread has retired (some may still
-    /// be exiting: see [`State::take_exited`]).
+    /// be exiting: see [`Workers::take_exited`]).
     pub(crate) fn threads_retired(&self) -> bool {
-        self.shutdown
-            && self.is_idle()
-            && self.workers == 0
-            && !self.monitor
-            && !self.delivery
-            && self.threads.is_empty()
+        self.shutdown && self.is_idle() && self.workers.all_retired()
     }
 
     /// Shut down, idle and no worker left (the monitor's exit condition).
     pub(crate) fn workers_done(&self) -> bool {
-        self.shutdown && self.is_idle() && self.workers == 0
+        self.shutdown && self.is_idle() && self.workers.live() == 0
     }
 
     pub(crate) fn is_shutdown(&self) -> bool {

@@ -11,7 +11,7 @@
 use crate::observer::deliver;
 use crate::pool::Inner;
 use crate::slab::Key;
-use crate::state::{After, State, Waiters};
+use crate::state::{After, State, Wait};
 use crate::sync::Arc;
 use crate::waits::Waiting;
 
@@ -62,7 +62,7 @@ impl Inner {
         crate::sync::mark_pool_thread(self.addr(), crate::sync::Role::Delivery);
         // Counted as a settle waiter, so that the pool settling (the last
         // worker retiring) rings the doorbell.
-        let _registered = Waiting::new(&self, Waiters::Settle);
+        let _registered = Waiting::new(&self, Wait::Settle);
         loop {
             let mut after = After::default();
             let batch = {

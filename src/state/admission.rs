@@ -143,7 +143,7 @@ impl State {
     /// it; each is signalled once, so two refused callers cannot keep
     /// waking each other.
     pub(super) fn room_freed(&self, after: &mut After) {
-        if self.room_waiters == 0 {
+        if !self.waiters.for_room() {
             return;
         }
         if self.room_for_jobs_starting_at_once(after) {
@@ -164,7 +164,7 @@ impl State {
     /// the free permits first). With only callers of limited or keyed jobs
     /// waiting, nobody is woken for a permit none of them can take.
     pub(super) fn room_for_jobs_starting_at_once(&self, after: &mut After) -> bool {
-        let only_some = self.room_waiters_plain > 0
+        let only_some = self.waiters.for_room_plain()
             && self.waiting_for_permit() >= self.queue_capacity
             && self.free_permits() > self.startable_queued;
         if only_some {

@@ -1,7 +1,7 @@
 //! The intake's half of [`State`] (fast/intake.rs): moving what passed it into
 //! the queue, its gate, and the workers' counts its submitters read.
 
-use super::{After, Room, State, Waiters};
+use super::{After, Room, State, Wait};
 
 impl State {
     /// Moves every job waiting in the intake into the queue, in order
@@ -29,7 +29,7 @@ impl State {
         if self.intake.is_none() {
             return;
         }
-        let open = !self.shutdown && self.room_waiters == 0 && self.workers.live() > 0;
+        let open = !self.shutdown && !self.waiters.for_room() && self.workers.live() > 0;
         if open {
             self.count.set_closed(false);
         } else {
@@ -138,27 +138,14 @@ impl State {
     }
 
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn waiters(&self, which: Waiters) -> usize {
-        match which {
-            Waiters::Room => self.room_waiters,
-            Waiters::RoomPlain => self.room_waiters_plain,
-            Waiters::Settle => self.settle_waiters,
-        }
+    pub(crate) fn waiters(&self, which: Wait) -> usize {
+        self.waiters.of(which)
     }
 
     /// A waiter of `which` kind starts (`true`) or stops waiting. Callers
     /// waiting for room close the intake: they come before new jobs.
-    pub(crate) fn count_waiter(&mut self, which: Waiters, starts: bool) {
-        let count = match which {
-            Waiters::Room => &mut self.room_waiters,
-            Waiters::RoomPlain => &mut self.room_waiters_plain,
-            Waiters::Settle => &mut self.settle_waiters,
-        };
-        if starts {
-            *count += 1;
-        } else {
-            *count -= 1;
-        }
+    pub(crate) fn count_waiter(&mut self, which: Wait, starts: bool) {
+        self.waiters.count(which, starts);
         self.refresh_intake();
     }
 }

@@ -104,6 +104,9 @@ pub(crate) use lanes::OwnWaitMark;
 mod queries;
 mod tombstones;
 mod transitions;
+mod waiters;
+pub(crate) use waiters::Wait;
+use waiters::Waiters;
 mod workers;
 use crate::sync::{thread, Arc};
 pub(crate) use workers::Workers;
@@ -248,19 +251,6 @@ struct Counts {
     run_time_total: Duration,
 }
 
-/// Which waiter count a [`Waiting`](crate::waits::Waiting) guard holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Waiters {
-    /// Callers waiting for room in a full queue (counted before their
-    /// first try).
-    Room,
-    /// Of those, callers refused once whose job needs no limiter and has
-    /// no key: such a job starts at once when a permit is free.
-    RoomPlain,
-    /// Waiters for idleness or termination (async, blocking, the monitor).
-    Settle,
-}
-
 /// The pool's state behind its one lock.
 pub(crate) struct State {
     max_in_flight: usize,
@@ -310,13 +300,8 @@ pub(crate) struct State {
     /// Terminal jobs whose outcome is not yet published (or, for a
     /// worker's last job, not yet settled at its next lock).
     unpublished: usize,
-    room_waiters: usize,
-    /// Of those, callers refused once whose job needs no limiter and has
-    /// no key.
-    room_waiters_plain: usize,
-    settle_waiters: usize,
-    /// Running functions blocked waiting for a queued job of this pool.
-    own_waiters: usize,
+    /// Who waits for room, idleness or a queued job (waiters.rs).
+    waiters: Waiters,
     shutdown: bool,
     /// An immediate shutdown is draining the queue: nothing starts.
     draining: bool,
@@ -372,10 +357,7 @@ impl State {
             running: List::default(),
             workers: Workers::new(max_in_flight, intake.clone()),
             unpublished: 0,
-            room_waiters: 0,
-            room_waiters_plain: 0,
-            settle_waiters: 0,
-            own_waiters: 0,
+            waiters: Waiters::default(),
             shutdown: false,
             draining: false,
             events: EventQueue::default(),
@@ -416,22 +398,22 @@ impl State {
         waiter: Option<crate::slab::Key>,
         waited: &crate::job_core::JobCore,
     ) -> Result<OwnWaitMark, ()> {
-        if self.own_waiters + 1 >= self.max_in_flight {
+        if self.waiters.own() + 1 >= self.max_in_flight {
             return Err(());
         }
         let mark = self.lane_own_wait(waiter, waited)?;
-        self.own_waiters += 1;
+        self.waiters.count_own(true);
         Ok(mark)
     }
 
     /// A wait counted by [`State::own_wait_begins`] ended.
     pub(crate) fn own_wait_ended(&mut self, mark: OwnWaitMark) {
-        self.own_waiters -= 1;
+        self.waiters.count_own(false);
         self.lane_own_wait_ended(mark);
     }
 
     fn settle_check(&self, after: &mut After) {
-        if self.settle_waiters > 0 && (self.is_idle() || self.is_terminated()) {
+        if self.waiters.for_settle() && (self.is_idle() || self.is_terminated()) {
             after.settled = true;
         }
     }

@@ -13,7 +13,7 @@ use crate::job::Task;
 use crate::job_core::new_core;
 use crate::lane::LaneKey;
 use crate::limiter::{Limiter, TestPool};
-use crate::state::{After, KeyLimits, Room, State, Waiters};
+use crate::state::{After, KeyLimits, Room, State, Wait};
 use crate::stop::StopToken;
 
 /// A pool's state of `max_in_flight` permits and room for `capacity`
@@ -167,7 +167,7 @@ fn blocked_with_a_room_waiter() -> (Arc<TestPool>, Limiter, State) {
     accept(&mut s, None, vec![limiter.clone()]);
     assert!(s.start(0, &mut After::default()).is_none(), "blocked");
     assert_eq!(limiter.stats().pools_waiting, 1);
-    s.count_waiter(Waiters::Room, true);
+    s.count_waiter(Wait::Room, true);
     (watcher, limiter, s)
 }
 

@@ -265,7 +265,7 @@ impl Inner {
     /// accepted so far.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         let mut s = lock(&self.state);
-        s.debug_check_reservations();
+        s.bound.debug_check_reservations();
         if self.intake.as_ref().is_some_and(|i| !i.is_empty()) {
             s.drain_intake();
         }
@@ -448,7 +448,7 @@ impl Inner {
             Ok(()) => None,
             Err(e) if s.workers.live() == 0 => {
                 s.count_spawn_refusal();
-                s.unreserve();
+                s.bound.unreserve();
                 drop(s);
                 tracing::warn!(error = %e, "could not spawn a worker thread and none is running; job refused");
                 return Err(Rejected::ThreadSpawn(e));

@@ -31,7 +31,7 @@ impl State {
         }
         let open = !self.shutdown && !self.waiters.for_room() && self.workers.live() > 0;
         if open {
-            self.count.set_closed(false);
+            self.bound.set_closed(false);
         } else {
             self.close_intake();
         }
@@ -45,11 +45,11 @@ impl State {
     pub(super) fn close_intake(&mut self) {
         // Shut, then count (`SeqCst` both; a submitter adds, then looks).
         // ORDERING: the SeqCst pair F3 of src/fast/README.md.
-        self.count.set_closed(true);
+        self.bound.set_closed(true);
         let mut round = 0u32;
         loop {
             self.drain_intake();
-            if self.intake_ahead(self.count.exact(self.left).0) == 0 {
+            if self.intake_ahead(self.bound.exact().0) == 0 {
                 return;
             }
             round += 1;
@@ -66,7 +66,7 @@ impl State {
     /// or given back). The count is the queued jobs, the intake's, the
     /// places reserved at it, and those reserved under this lock.
     pub(super) fn intake_ahead(&self, counted: usize) -> usize {
-        counted.saturating_sub(self.queued + self.reserved)
+        counted.saturating_sub(self.queued + self.bound.reserved())
     }
 
     /// A worker stopped searching: jobs that passed the intake since this
@@ -89,36 +89,6 @@ impl State {
         // ORDERING: fence pair F2 of src/fast/README.md.
         crate::sync::fence(crate::sync::Ordering::SeqCst);
         !intake.is_empty()
-    }
-
-    /// A reservation made in `admit` is given back: the job was refused
-    /// after it.
-    pub(crate) fn unreserve(&mut self) {
-        self.reserved -= 1;
-        self.count.unreserve();
-    }
-
-    /// A place reserved under the lock is taken by its job's accept, or
-    /// given back, within the same critical section (checked as the lock
-    /// is taken, in debug builds).
-    pub(crate) fn debug_check_reservations(&self) {
-        debug_assert_eq!(
-            self.reserved, 0,
-            "a reservation outlived its critical section"
-        );
-    }
-
-    /// `n` jobs left the queue (started, cancelled, drained).
-    pub(crate) fn left_queue(&mut self, n: usize) {
-        self.left = self.left.wrapping_add(n);
-        self.count.set_left(self.left);
-    }
-
-    /// A job entered the queue (transition *accept*, which counts it in
-    /// `accepted`: jobs that entered the queue, ever).
-    pub(crate) fn entered_queue(&self) {
-        // Truncated on 32-bit targets: wrapping, like `left`.
-        self.count.set_entered(self.counts.accepted as usize);
     }
 
     /// Whether a parked worker whose keep-alive expired may retire: not the

@@ -94,6 +94,8 @@ use crate::observer::EventQueue;
 use crate::slab::{List, Slab};
 
 mod admission;
+mod bound;
+pub(crate) use bound::Bound;
 mod events;
 mod groups;
 mod intake;
@@ -254,7 +256,9 @@ struct Counts {
 /// The pool's state behind its one lock.
 pub(crate) struct State {
     max_in_flight: usize,
-    queue_capacity: usize,
+    /// The queue bound and its reservations (bound.rs). Open to the crate:
+    /// its methods keep only its own fields' rules.
+    pub(crate) bound: Bound,
     observe: bool,
     /// Undelivered observer events beyond which admission is held back.
     observer_lag: usize,
@@ -307,18 +311,9 @@ pub(crate) struct State {
     draining: bool,
     events: EventQueue,
     counts: Counts,
-    /// The jobs queued, in the intake, or with a place reserved in the
-    /// queue bound (fast/intake.rs inv. 1); its lock holders' half is read by
-    /// spinning workers.
-    count: std::sync::Arc<crate::fast::intake::QueueCount>,
-    /// Jobs that left the queue, ever (wrapping): `count`'s other half.
-    left: usize,
     /// The pool's intake (fast/intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
-    /// Places reserved in `admit` whose jobs are not yet accepted (within
-    /// one critical section).
-    reserved: usize,
 }
 
 impl State {
@@ -336,7 +331,7 @@ impl State {
         debug_assert_eq!(default, lanes::DEFAULT_LANE);
         State {
             max_in_flight,
-            queue_capacity,
+            bound: Bound::new(queue_capacity, count),
             observe: observer_lag.is_some(),
             observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
@@ -362,9 +357,6 @@ impl State {
             draining: false,
             events: EventQueue::default(),
             counts: Counts::default(),
-            count,
-            left: 0,
-            reserved: 0,
             intake,
         }
     }

@@ -36,7 +36,7 @@ impl State {
         debug_assert!(moved, "S2");
         let core = task.core();
         self.queued -= 1;
-        self.left_queue(1);
+        self.bound.left_queue(1);
         self.group_moved(core, QUEUED, RUNNING);
         // No room frees: the job moves from waiting to running, and the
         // bound is on jobs beyond the free permits.
@@ -92,7 +92,7 @@ impl State {
         self.queued -= 1;
         self.tombstones += 1;
         self.lane_cancelled(core, after);
-        self.left_queue(1);
+        self.bound.left_queue(1);
         self.counts.cancelled += 1;
         self.unpublished += 1;
         self.group_moved(core, QUEUED, CANCELLED);
@@ -163,7 +163,7 @@ impl State {
             self.event(task.core(), EventKind::NeverStarted, after);
             into.push(task);
         }
-        self.left_queue(before - self.queued);
+        self.bound.left_queue(before - self.queued);
         if !self.drain_lanes.is_empty() {
             return None;
         }

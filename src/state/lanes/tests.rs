@@ -43,8 +43,9 @@ fn job(key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
 fn accept(s: &mut State, key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
     let task = job(key, limiters);
     // The place `admit` would reserve, whatever the bound.
-    let (_, seen) = s.count.exact(s.left);
-    assert!(s.count.reserve_exact(seen));
+    let (_, seen) = s.bound.exact();
+    assert!(s.bound.reserve(seen));
+    s.bound.take_reservation();
     s.accept(task.clone(), &mut After::default());
     task
 }

@@ -9,6 +9,13 @@
 //! job whose outcome must be published. The caller runs it with
 //! `Inner::after` (pool.rs).
 //!
+//! Parts of it are sub-states that own their fields, each in its own file:
+//! [`Workers`] (the threads), [`Bound`] (the queue bound's count and
+//! reservations) and [`Waiters`] (who waits for what). Their methods keep
+//! only their own fields' rules; whatever must change more than one of
+//! them is a method of [`State`]. `Workers` and `Bound` are open to the
+//! crate, so that callers outside reach them directly (`s.workers.park(..)`).
+//!
 //! # Invariants
 //!
 //! S1–S5 are how this module keeps invariants 1, 3, 4, 9 and 10 of
@@ -256,8 +263,7 @@ struct Counts {
 /// The pool's state behind its one lock.
 pub(crate) struct State {
     max_in_flight: usize,
-    /// The queue bound and its reservations (bound.rs). Open to the crate:
-    /// its methods keep only its own fields' rules.
+    /// The queue bound and its reservations.
     pub(crate) bound: Bound,
     observe: bool,
     /// Undelivered observer events beyond which admission is held back.
@@ -298,13 +304,12 @@ pub(crate) struct State {
     tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
     running: List,
-    /// The worker threads, and the pool's other threads (workers.rs).
-    /// Open to the crate: its methods keep only its own fields' rules.
+    /// The worker threads, and the pool's other threads.
     pub(crate) workers: Workers,
     /// Terminal jobs whose outcome is not yet published (or, for a
     /// worker's last job, not yet settled at its next lock).
     unpublished: usize,
-    /// Who waits for room, idleness or a queued job (waiters.rs).
+    /// Who waits for room, idleness or a queued job.
     waiters: Waiters,
     shutdown: bool,
     /// An immediate shutdown is draining the queue: nothing starts.

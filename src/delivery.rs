@@ -11,7 +11,7 @@
 use crate::observer::deliver;
 use crate::pool::Inner;
 use crate::slab::Key;
-use crate::state::{After, State, Waiters};
+use crate::state::{After, State, Wait};
 use crate::sync::Arc;
 use crate::waits::Waiting;
 
@@ -41,7 +41,7 @@ impl Inner {
         if !s.delivery_starting() {
             return None;
         }
-        let spawned = if s.injected_delivery_spawn_failure() {
+        let spawned = if s.workers.injected_delivery_spawn_failure() {
             Err(std::io::Error::from_raw_os_error(11)) // EAGAIN
         } else {
             self.spawn_thread(s, "observer", |inner, slot| inner.delivery_loop(slot))
@@ -49,7 +49,7 @@ impl Inner {
         match spawned {
             Ok(()) => None,
             Err(e) => {
-                s.delivery_gone();
+                s.workers.delivery_gone();
                 Some(e)
             }
         }
@@ -62,7 +62,7 @@ impl Inner {
         crate::sync::mark_pool_thread(self.addr(), crate::sync::Role::Delivery);
         // Counted as a settle waiter, so that the pool settling (the last
         // worker retiring) rings the doorbell.
-        let _registered = Waiting::new(&self, Waiters::Settle);
+        let _registered = Waiting::new(&self, Wait::Settle);
         loop {
             let mut after = After::default();
             let batch = {

@@ -50,7 +50,7 @@ impl Inner {
         let mut after = After::default();
         let mut s = self.lock();
         if s.has_startable() {
-            let worker = s.find_worker();
+            let worker = s.workers.find();
             if let Err(e) = me.provide_worker(&mut s, worker, &mut after) {
                 tracing::debug!(error = %e, "could not spawn a worker for a lane a limiter freed; queued jobs wait for busy ones");
             }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::pool::Inner;
 use crate::quiet::drop_quietly;
 use crate::slab::Key;
-use crate::state::{After, Waiters};
+use crate::state::{After, Wait};
 use crate::sync::Arc;
 use crate::waits::Waiting;
 
@@ -20,7 +20,7 @@ impl Inner {
         let threshold = self.config.stuck_after.unwrap_or(Duration::MAX);
         let tick = monitor_tick(threshold);
         // Counted as a waiter so that the last worker's exit wakes it.
-        let registered = Waiting::new(&self, Waiters::Settle);
+        let registered = Waiting::new(&self, Wait::Settle);
         let mut s = self.lock();
         while !s.workers_done() {
             let stuck = s.newly_stuck(threshold);

@@ -15,7 +15,7 @@ use crate::job::Job;
 use crate::job_core::{new_core, NewCore};
 use crate::policy::AbandonPolicy;
 use crate::pool::Offloader;
-use crate::state::Waiters;
+use crate::state::Wait;
 use crate::stop::StopToken;
 use crate::sync::Arc;
 use crate::waits::Waiting;
@@ -326,7 +326,7 @@ where
         let inner = self.pool.inner().clone();
         let limit = self.opts.timeout;
         // Counted so that freed slots signal it ([`State::room_freed`]).
-        let _counted = Waiting::new(&inner, Waiters::Room);
+        let _counted = Waiting::new(&inner, Wait::Room);
         // Counted once refused, if the job needs no limiter and has no key
         // (a key at its limit would hold it back too): a free permit with
         // the bound full then signals every waiter (admission.rs
@@ -369,7 +369,7 @@ where
                     if plain.is_none() && this.opts.limiters.is_empty() && this.opts.key.is_none() {
                         // Tries again once counted: a free permit signalled
                         // in between is not missed.
-                        plain = Some(Waiting::new(&inner, Waiters::RoomPlain));
+                        plain = Some(Waiting::new(&inner, Wait::RoomPlain));
                         continue;
                     }
                 }

@@ -165,7 +165,7 @@ impl Offloader {
     #[doc(hidden)]
     #[cfg(feature = "test-hooks")]
     pub fn __fail_next_thread_spawns(&self, n: usize) {
-        self.inner().lock().inject_spawn_failures(n);
+        self.inner().lock().workers.inject_spawn_failures(n);
     }
 
     /// Test hook (feature `test-hooks`, as above): the next `n` spawns of
@@ -174,7 +174,10 @@ impl Offloader {
     #[doc(hidden)]
     #[cfg(feature = "test-hooks")]
     pub fn __fail_next_delivery_spawns(&self, n: usize) {
-        self.inner().lock().inject_delivery_spawn_failures(n);
+        self.inner()
+            .lock()
+            .workers
+            .inject_delivery_spawn_failures(n);
     }
 }
 
@@ -262,7 +265,7 @@ impl Inner {
     /// accepted so far.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         let mut s = lock(&self.state);
-        s.debug_check_reservations();
+        s.bound.debug_check_reservations();
         if self.intake.as_ref().is_some_and(|i| !i.is_empty()) {
             s.drain_intake();
         }
@@ -391,7 +394,7 @@ impl Inner {
             spawn_error = {
                 let mut s = self.lock();
                 if s.has_startable() {
-                    let worker = s.find_worker();
+                    let worker = s.workers.find();
                     self.provide_worker(&mut s, worker, &mut after).err()
                 } else {
                     None
@@ -437,15 +440,15 @@ impl Inner {
         // running jobs' workers come back to the queue (lanes.rs); nor does
         // one cancelled as it is accepted.
         let worker = if !cancelled && s.lane_has_room(task.core()) {
-            s.find_worker()
+            s.workers.find()
         } else {
             crate::state::Worker::Busy
         };
         let spawn_error = match self.provide_worker(&mut s, worker, &mut after) {
             Ok(()) => None,
-            Err(e) if !s.has_workers() => {
+            Err(e) if s.workers.live() == 0 => {
                 s.count_spawn_refusal();
-                s.unreserve();
+                s.bound.unreserve();
                 drop(s);
                 tracing::warn!(error = %e, "could not spawn a worker thread and none is running; job refused");
                 return Err(Error::ThreadSpawn(e));

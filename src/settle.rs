@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::pool::Inner;
-use crate::state::{State, Waiters};
+use crate::state::{State, Wait};
 use crate::sync::Arc;
 use crate::waits::Waiting;
 
@@ -23,7 +23,7 @@ pub(crate) async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
 pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
     let settled = awaited.settled();
     // Counted so that transitions signal it ([`State::settle_check`]).
-    let _registered = Waiting::new(inner, Waiters::Settle);
+    let _registered = Waiting::new(inner, Wait::Settle);
     let mut waker = inner.progress.registration();
     // Under a paused test clock, waiting for pool work holds the clock.
     let mut hold = None;
@@ -36,7 +36,7 @@ pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
                 return Poll::Ready(None);
             }
             if s.threads_retired() {
-                let exited = s.take_exited();
+                let exited = s.workers.take_exited();
                 if !exited.is_empty() {
                     return Poll::Ready(Some(exited));
                 }
@@ -166,14 +166,14 @@ pub(crate) fn blocking_wait(inner: &Inner, awaited: Awaited, until: Option<Insta
         refuse_self_wait(inner, awaited);
     }
     let settled = awaited.settled();
-    let _registered = Waiting::new(inner, Waiters::Settle);
+    let _registered = Waiting::new(inner, Wait::Settle);
     let mut s = inner.lock();
     loop {
         if settled(&s) {
             return true;
         }
         if s.threads_retired() {
-            let exited = s.take_exited();
+            let exited = s.workers.take_exited();
             if !exited.is_empty() {
                 drop(s);
                 inner.join(exited);

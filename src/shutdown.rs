@@ -199,7 +199,7 @@ impl Offloader {
             if s.is_terminated() || !s.threads_retired() {
                 return s.is_terminated();
             }
-            s.take_exited()
+            s.workers.take_exited()
         };
         if !exited.is_empty() {
             // Every pool thread has retired; the last ones may still be

@@ -6,7 +6,7 @@
 use crate::error::Error;
 use crate::job_core::JobCore;
 use crate::pool::Inner;
-use crate::state::Waiters;
+use crate::state::Wait;
 
 /// A function of a pool blocked waiting for a queued job of the same pool
 /// (ARCHITECTURE.md "Waiting from inside the pool"); dropping it ends the
@@ -57,11 +57,11 @@ impl Inner {
 /// cancelled mid-await) unregisters. The one way waiters are counted.
 pub(crate) struct Waiting<'a> {
     inner: &'a Inner,
-    which: Waiters,
+    which: Wait,
 }
 
 impl<'a> Waiting<'a> {
-    pub(crate) fn new(inner: &'a Inner, which: Waiters) -> Self {
+    pub(crate) fn new(inner: &'a Inner, which: Wait) -> Self {
         inner.lock().count_waiter(which, true);
         Waiting { inner, which }
     }
@@ -85,7 +85,7 @@ mod tests {
     fn a_dropped_registration_unregisters() {
         let pool = Offloader::builder().build().expect("valid configuration");
         let inner = pool.inner();
-        for which in [Waiters::Room, Waiters::RoomPlain, Waiters::Settle] {
+        for which in [Wait::Room, Wait::RoomPlain, Wait::Settle] {
             let a = Waiting::new(inner, which);
             let b = Waiting::new(inner, which);
             assert_eq!(inner.lock().waiters(which), 2);

@@ -50,7 +50,7 @@ impl Inner {
     /// a worker of its own.
     pub(crate) fn uncount_waking_worker(&self) {
         if crate::sync::take_searching_mark(self.addr(), false) {
-            self.lock().end_search();
+            self.lock().workers.end_search();
         }
     }
 
@@ -144,7 +144,7 @@ impl Inner {
                     // code may offload a job and wait for it, which would
                     // wake nobody. Wakers may run: a job they offload
                     // un-counts this worker first (its mark, below).
-                    s.begin_search();
+                    s.workers.begin_search();
                     searching = true;
                     // Before the outcome is published and its waker woken.
                     crate::sync::set_searching_mark(self.addr());
@@ -202,7 +202,7 @@ impl Inner {
         loop {
             if let Some(task) = s.start(crate::id::now_ns(), &mut after) {
                 if searching {
-                    s.end_search();
+                    s.workers.end_search();
                     // Jobs that passed the intake meanwhile are seen by
                     // this worker or find it not searching (fast/intake.rs
                     // inv. 2), so the baton passes for them too.
@@ -224,7 +224,7 @@ impl Inner {
             // for them, after a shutdown too.
             if s.is_shutdown() && !s.must_keep_worker() {
                 if searching {
-                    s.end_search();
+                    s.workers.end_search();
                 }
                 self.retire(s, slot, after);
                 return None;
@@ -234,7 +234,7 @@ impl Inner {
             let spin = self.config.fast
                 && crate::sync::SPIN
                 && !spun
-                && (searching || s.searching() == 0)
+                && (searching || s.workers.searching() == 0)
                 && !other_spins;
             // The work left for after the lock (wakers among it) runs
             // before this worker parks, never while it is counted as
@@ -243,7 +243,7 @@ impl Inner {
             // waker returned.
             if spin || !after.is_empty() {
                 if !searching {
-                    s.begin_search();
+                    s.workers.begin_search();
                     searching = true;
                 }
                 drop(s);
@@ -263,16 +263,16 @@ impl Inner {
             }
             if searching {
                 // Parked workers are not searching; a claimer re-counts it.
-                s.end_search();
+                s.workers.end_search();
             }
             let mut parked_at = Instant::now();
             let mut period = self.config.keep_alive;
-            let key = s.park(me, thread::current());
+            let key = s.workers.park(me, thread::current());
             // fast/intake.rs inv. 2: a job that passed the intake meanwhile
             // either is seen here or finds this worker parked and claims it.
             if s.intake_has_jobs() {
-                s.unpark_self(key);
-                s.begin_search();
+                s.workers.unpark_self(key);
+                s.workers.begin_search();
                 searching = true;
                 s.look_at_intake();
                 continue;
@@ -282,7 +282,7 @@ impl Inner {
             loop {
                 park_timeout(period.saturating_sub(parked_at.elapsed()));
                 s = self.lock();
-                if s.was_claimed(key, me) {
+                if s.workers.was_claimed(key, me) {
                     // The claimer counted this worker as searching.
                     searching = true;
                     spun = false;
@@ -290,7 +290,7 @@ impl Inner {
                 }
                 if parked_at.elapsed() >= period {
                     if s.may_retire() {
-                        s.unpark_self(key);
+                        s.workers.unpark_self(key);
                         self.retire(s, slot, after);
                         return None;
                     }
@@ -380,7 +380,7 @@ impl Inner {
     /// Spawns the worker `id` counted by `Worker::Spawn`, under the lock;
     /// on failure the count is given back.
     pub(crate) fn spawn_worker(self: &Arc<Self>, s: &mut State, id: u64) -> std::io::Result<()> {
-        let spawned = if s.injected_spawn_failure() {
+        let spawned = if s.workers.injected_spawn_failure() {
             Err(std::io::Error::from_raw_os_error(11)) // EAGAIN
         } else {
             self.spawn_thread(s, "worker", move |inner, slot| inner.work_loop(id, slot))
@@ -396,7 +396,7 @@ impl Inner {
     /// returns the error if it could not be spawned (best effort: stuck
     /// jobs then go unreported but nothing else changes).
     pub(crate) fn ensure_monitor(self: &Arc<Self>, s: &mut State) -> Option<std::io::Error> {
-        if self.config.stuck_after.is_none() || !s.monitor_starting() {
+        if self.config.stuck_after.is_none() || !s.workers.monitor_starting() {
             return None;
         }
         match self.spawn_thread(s, "monitor", |inner, slot| inner.monitor_loop(slot)) {
@@ -427,15 +427,15 @@ impl Inner {
         if let Some(size) = self.config.stack_size {
             b = b.stack_size(size);
         }
-        let slot = s.thread_slot();
+        let slot = s.workers.thread_slot();
         let me = self.clone();
         match b.spawn(move || body(me, slot)) {
             Ok(handle) => {
-                s.thread_started(slot, handle);
+                s.workers.thread_started(slot, handle);
                 Ok(())
             }
             Err(e) => {
-                s.thread_failed(slot);
+                s.workers.thread_failed(slot);
                 Err(e)
             }
         }

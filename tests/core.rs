@@ -1132,7 +1132,7 @@ fn an_offload_prints_its_options() {
 
 /// One job at a time needs one worker: a submit finds the worker that is
 /// looking for work (or parked) instead of spawning another, however high
-/// the limit (kills the mutant of `State::find_worker` that never saw a
+/// the limit (kills the mutant of `Workers::find` that never saw a
 /// searching worker: mutation testing of state/workers.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_job_at_a_time_keeps_one_worker() {

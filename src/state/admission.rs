@@ -25,7 +25,7 @@ impl State {
         self.group_admits(core)?;
         self.reserve(core, cancelled)?;
         if self.observe && self.events.lag() >= self.observer_lag {
-            self.unreserve();
+            self.bound.unreserve();
             return Err(Error::ObserverBehind {
                 lag: self.events.lag(),
             });
@@ -47,14 +47,14 @@ impl State {
     fn reserve(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Error> {
         let mut settled = false;
         let reserved = loop {
-            let (counted, seen) = self.count.exact(self.left);
+            let (counted, seen) = self.bound.exact();
             let ahead = self.intake_ahead(counted);
             // Queued jobs that a free permit would start now are not
             // waiting; jobs ahead of this one take free permits first.
             let free = self.free_permits();
             let starting = free.min(self.startable_queued);
             if !cancelled
-                && counted.saturating_sub(starting) >= self.queue_capacity
+                && counted.saturating_sub(starting) >= self.bound.capacity()
                 && !self.would_start_at_once(core, free.saturating_sub(ahead))
             {
                 if ahead > 0 && !settled {
@@ -63,11 +63,10 @@ impl State {
                     continue;
                 }
                 break Err(Error::Full {
-                    capacity: self.queue_capacity,
+                    capacity: self.bound.capacity(),
                 });
             }
-            if self.count.reserve_exact(seen) {
-                self.reserved += 1;
+            if self.bound.reserve(seen) {
                 break Ok(());
             }
         };
@@ -81,15 +80,15 @@ impl State {
     /// holds admission back now.
     pub(crate) fn observer_behind(&self) -> Option<usize> {
         let behind = self.observe && self.events.lag() >= self.observer_lag;
-        let full = self.waiting_for_permit() >= self.queue_capacity;
+        let full = self.waiting_for_permit() >= self.bound.capacity();
         (behind && !full).then(|| self.events.lag())
     }
 
     /// Permits free now that have a worker to run them: while the OS
     /// refuses new threads, only the workers that exist count.
     pub(super) fn free_permits(&self) -> usize {
-        if self.spawn_blocked {
-            self.workers.saturating_sub(self.running.len())
+        if self.workers.spawn_blocked() {
+            self.workers.live().saturating_sub(self.running.len())
         } else {
             self.max_in_flight.saturating_sub(self.running.len())
         }
@@ -106,7 +105,7 @@ impl State {
     /// limiters count it as waiting from here (a job at the intake is
     /// counted by its submitter, before the push).
     pub(crate) fn accept_admitted(&mut self, task: Arc<dyn Task>, after: &mut After) {
-        self.reserved -= 1;
+        self.bound.take_reservation();
         crate::limiter::count_joined(task.core().limiters());
         self.accept(task, after);
     }
@@ -121,14 +120,14 @@ impl State {
         self.group_join(task.core(), key);
         self.lane_push(task.core(), key, after);
         self.queued += 1;
-        self.entered_queue();
+        self.bound.entered_queue(self.counts.accepted);
         // Several slots may have freed in one critical section (a limiter's
         // new permits readying several lanes, L5) with one waiter woken for
         // them: while room is left, each admission wakes the next waiter.
         // An admission that fills the bound while a free permit would start
         // a job at once (this job joined a blocked lane) leaves that permit
         // to the callers whose jobs may take it.
-        if self.waiting_for_permit() < self.queue_capacity {
+        if self.waiting_for_permit() < self.bound.capacity() {
             self.room_freed(after);
         } else {
             self.room_for_jobs_starting_at_once(after);
@@ -143,7 +142,7 @@ impl State {
     /// it; each is signalled once, so two refused callers cannot keep
     /// waking each other.
     pub(super) fn room_freed(&self, after: &mut After) {
-        if self.room_waiters == 0 {
+        if !self.waiters.for_room() {
             return;
         }
         if self.room_for_jobs_starting_at_once(after) {
@@ -164,8 +163,8 @@ impl State {
     /// the free permits first). With only callers of limited or keyed jobs
     /// waiting, nobody is woken for a permit none of them can take.
     pub(super) fn room_for_jobs_starting_at_once(&self, after: &mut After) -> bool {
-        let only_some = self.room_waiters_plain > 0
-            && self.waiting_for_permit() >= self.queue_capacity
+        let only_some = self.waiters.for_room_plain()
+            && self.waiting_for_permit() >= self.bound.capacity()
             && self.free_permits() > self.startable_queued;
         if only_some {
             after.room = Room::All;
@@ -181,5 +180,10 @@ impl State {
     /// Counts a refusal for an observer that fell behind.
     pub(crate) fn count_observer_behind(&mut self) {
         self.counts.rejected_observer += 1;
+    }
+
+    /// Counts a job refused because no worker could be spawned for it.
+    pub(crate) fn count_spawn_refusal(&mut self) {
+        self.counts.rejected_spawn += 1;
     }
 }

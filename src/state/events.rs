@@ -23,7 +23,7 @@ impl State {
     /// by the lag may go on, idleness may follow.
     pub(crate) fn events_done(&mut self, after: &mut After) {
         self.events.done();
-        if self.room_waiters > 0 {
+        if self.waiters.for_room() {
             after.room = Room::All;
         }
         self.settle_check(after);

@@ -224,7 +224,7 @@ impl State {
     /// learn that it is refused now, not when room frees (which may be
     /// never), as at a shutdown. The others look again and wait on.
     fn group_refuses_from_now(&self, after: &mut After) {
-        if self.room_waiters > 0 {
+        if self.waiters.for_room() {
             after.room = Room::All;
         }
     }

@@ -1,7 +1,7 @@
 //! The intake's half of [`State`] (fast/intake.rs): moving what passed it into
 //! the queue, its gate, and the workers' counts its submitters read.
 
-use super::{After, Room, State, Waiters};
+use super::{After, Room, State, Wait};
 
 impl State {
     /// Moves every job waiting in the intake into the queue, in order
@@ -29,9 +29,9 @@ impl State {
         if self.intake.is_none() {
             return;
         }
-        let open = !self.shutdown && self.room_waiters == 0 && self.workers > 0;
+        let open = !self.shutdown && !self.waiters.for_room() && self.workers.live() > 0;
         if open {
-            self.count.set_closed(false);
+            self.bound.set_closed(false);
         } else {
             self.close_intake();
         }
@@ -45,11 +45,11 @@ impl State {
     pub(super) fn close_intake(&mut self) {
         // Shut, then count (`SeqCst` both; a submitter adds, then looks).
         // ORDERING: the SeqCst pair F3 of src/fast/README.md.
-        self.count.set_closed(true);
+        self.bound.set_closed(true);
         let mut round = 0u32;
         loop {
             self.drain_intake();
-            if self.intake_ahead(self.count.exact(self.left).0) == 0 {
+            if self.intake_ahead(self.bound.exact().0) == 0 {
                 return;
             }
             round += 1;
@@ -66,16 +66,7 @@ impl State {
     /// or given back). The count is the queued jobs, the intake's, the
     /// places reserved at it, and those reserved under this lock.
     pub(super) fn intake_ahead(&self, counted: usize) -> usize {
-        counted.saturating_sub(self.queued + self.reserved)
-    }
-
-    /// Publishes the workers' counts to submitters at the intake
-    /// (fast/intake.rs inv. 2): searching, and parked or not yet spawned.
-    pub(super) fn publish_workers(&self) {
-        if let Some(intake) = &self.intake {
-            let wakeable = self.parked_list.len() + self.max_in_flight.saturating_sub(self.workers);
-            intake.set_workers(self.searching, wakeable);
-        }
+        counted.saturating_sub(self.queued + self.bound.reserved())
     }
 
     /// A worker stopped searching: jobs that passed the intake since this
@@ -100,43 +91,13 @@ impl State {
         !intake.is_empty()
     }
 
-    /// A reservation made in `admit` is given back: the job was refused
-    /// after it.
-    pub(crate) fn unreserve(&mut self) {
-        self.reserved -= 1;
-        self.count.unreserve();
-    }
-
-    /// A place reserved under the lock is taken by its job's accept, or
-    /// given back, within the same critical section (checked as the lock
-    /// is taken, in debug builds).
-    pub(crate) fn debug_check_reservations(&self) {
-        debug_assert_eq!(
-            self.reserved, 0,
-            "a reservation outlived its critical section"
-        );
-    }
-
-    /// `n` jobs left the queue (started, cancelled, drained).
-    pub(crate) fn left_queue(&mut self, n: usize) {
-        self.left = self.left.wrapping_add(n);
-        self.count.set_left(self.left);
-    }
-
-    /// A job entered the queue (transition *accept*, which counts it in
-    /// `accepted`: jobs that entered the queue, ever).
-    pub(crate) fn entered_queue(&self) {
-        // Truncated on 32-bit targets: wrapping, like `left`.
-        self.count.set_entered(self.counts.accepted as usize);
-    }
-
     /// Whether a parked worker whose keep-alive expired may retire: not the
     /// last one while jobs are queued ([`must_keep_worker`](Self::must_keep_worker)).
     /// The last one first closes the intake, so that no job passes it
     /// after the worker looked (fast/intake.rs inv. 1); the intake stays closed
     /// if it goes (no worker lives then), and opens again if it stays.
     pub(crate) fn may_retire(&mut self) -> bool {
-        if self.workers == 1 && self.intake.is_some() {
+        if self.workers.live() == 1 && self.intake.is_some() {
             self.close_intake();
         }
         if self.must_keep_worker() {
@@ -147,27 +108,14 @@ impl State {
     }
 
     #[cfg(all(test, not(loom)))]
-    pub(crate) fn waiters(&self, which: Waiters) -> usize {
-        match which {
-            Waiters::Room => self.room_waiters,
-            Waiters::RoomPlain => self.room_waiters_plain,
-            Waiters::Settle => self.settle_waiters,
-        }
+    pub(crate) fn waiters(&self, which: Wait) -> usize {
+        self.waiters.of(which)
     }
 
     /// A waiter of `which` kind starts (`true`) or stops waiting. Callers
     /// waiting for room close the intake: they come before new jobs.
-    pub(crate) fn count_waiter(&mut self, which: Waiters, starts: bool) {
-        let count = match which {
-            Waiters::Room => &mut self.room_waiters,
-            Waiters::RoomPlain => &mut self.room_waiters_plain,
-            Waiters::Settle => &mut self.settle_waiters,
-        };
-        if starts {
-            *count += 1;
-        } else {
-            *count -= 1;
-        }
+    pub(crate) fn count_waiter(&mut self, which: Wait, starts: bool) {
+        self.waiters.count(which, starts);
         self.refresh_intake();
     }
 }

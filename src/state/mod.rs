@@ -9,6 +9,13 @@
 //! job whose outcome must be published. The caller runs it with
 //! `Inner::after` (pool.rs).
 //!
+//! Parts of it are sub-states that own their fields, each in its own file:
+//! [`Workers`] (the threads), [`Bound`] (the queue bound's count and
+//! reservations) and [`Waiters`] (who waits for what). Their methods keep
+//! only their own fields' rules; whatever must change more than one of
+//! them is a method of [`State`]. `Workers` and `Bound` are open to the
+//! crate, so that callers outside reach them directly (`s.workers.park(..)`).
+//!
 //! # Invariants
 //!
 //! S1–S5 are how this module keeps invariants 1, 3, 4, 9 and 10 of
@@ -94,6 +101,8 @@ use crate::observer::EventQueue;
 use crate::slab::{List, Slab};
 
 mod admission;
+mod bound;
+pub(crate) use bound::Bound;
 mod events;
 mod groups;
 mod intake;
@@ -104,8 +113,12 @@ pub(crate) use lanes::OwnWaitMark;
 mod queries;
 mod tombstones;
 mod transitions;
+mod waiters;
+pub(crate) use waiters::Wait;
+use waiters::Waiters;
 mod workers;
 use crate::sync::{thread, Arc};
+pub(crate) use workers::Workers;
 
 /// Work left to do after the lock is released (S4). Transitions add to it;
 /// `Inner::after` carries it out.
@@ -247,29 +260,11 @@ struct Counts {
     run_time_total: Duration,
 }
 
-/// A parked worker: its id and its thread.
-struct Parked {
-    id: u64,
-    thread: thread::Thread,
-}
-
-/// Which waiter count a [`Waiting`](crate::waits::Waiting) guard holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Waiters {
-    /// Callers waiting for room in a full queue (counted before their
-    /// first try).
-    Room,
-    /// Of those, callers refused once whose job needs no limiter and has
-    /// no key: such a job starts at once when a permit is free.
-    RoomPlain,
-    /// Waiters for idleness or termination (async, blocking, the monitor).
-    Settle,
-}
-
 /// The pool's state behind its one lock.
 pub(crate) struct State {
     max_in_flight: usize,
-    queue_capacity: usize,
+    /// The queue bound and its reservations.
+    pub(crate) bound: Bound,
     observe: bool,
     /// Undelivered observer events beyond which admission is held back.
     observer_lag: usize,
@@ -309,56 +304,21 @@ pub(crate) struct State {
     tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
     running: List,
-    /// Parked workers not yet claimed, most recently parked last.
-    parked: Slab<Parked>,
-    parked_list: List,
-    /// Live worker threads (spawned and not retired).
-    workers: usize,
-    /// Awake workers without a job that will look at the queue before
-    /// they park.
-    searching: usize,
-    next_worker: u64,
+    /// The worker threads, and the pool's other threads.
+    pub(crate) workers: Workers,
     /// Terminal jobs whose outcome is not yet published (or, for a
     /// worker's last job, not yet settled at its next lock).
     unpublished: usize,
-    room_waiters: usize,
-    /// Of those, callers refused once whose job needs no limiter and has
-    /// no key.
-    room_waiters_plain: usize,
-    settle_waiters: usize,
-    /// Running functions blocked waiting for a queued job of this pool.
-    own_waiters: usize,
+    /// Who waits for room, idleness or a queued job.
+    waiters: Waiters,
     shutdown: bool,
     /// An immediate shutdown is draining the queue: nothing starts.
     draining: bool,
-    /// The stuck-job monitor thread is alive.
-    monitor: bool,
-    /// The observer's delivery thread is alive.
-    delivery: bool,
-    inject_spawn_failures: usize,
-    inject_delivery_spawn_failures: usize,
-    /// The last worker spawn failed (and none succeeded since).
-    spawn_blocked: bool,
-    /// Handles of live pool threads (workers and the monitor), by slot.
-    threads: Slab<Option<thread::JoinHandle<()>>>,
-    /// Handles of retired threads nobody has joined yet.
-    exited: Vec<thread::JoinHandle<()>>,
-    /// Handles taken out of `exited` and being joined now.
-    joining: usize,
     events: EventQueue,
     counts: Counts,
-    /// The jobs queued, in the intake, or with a place reserved in the
-    /// queue bound (fast/intake.rs inv. 1); its lock holders' half is read by
-    /// spinning workers.
-    count: std::sync::Arc<crate::fast::intake::QueueCount>,
-    /// Jobs that left the queue, ever (wrapping): `count`'s other half.
-    left: usize,
     /// The pool's intake (fast/intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
-    /// Places reserved in `admit` whose jobs are not yet accepted (within
-    /// one critical section).
-    reserved: usize,
 }
 
 impl State {
@@ -376,7 +336,7 @@ impl State {
         debug_assert_eq!(default, lanes::DEFAULT_LANE);
         State {
             max_in_flight,
-            queue_capacity,
+            bound: Bound::new(queue_capacity, count),
             observe: observer_lag.is_some(),
             observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
@@ -395,31 +355,13 @@ impl State {
             startable_queued: 0,
             tombstones: 0,
             running: List::default(),
-            parked: Slab::default(),
-            parked_list: List::default(),
-            workers: 0,
-            searching: 0,
-            next_worker: 0,
+            workers: Workers::new(max_in_flight, intake.clone()),
             unpublished: 0,
-            room_waiters: 0,
-            room_waiters_plain: 0,
-            settle_waiters: 0,
-            own_waiters: 0,
+            waiters: Waiters::default(),
             shutdown: false,
             draining: false,
-            monitor: false,
-            delivery: false,
-            inject_spawn_failures: 0,
-            inject_delivery_spawn_failures: 0,
-            spawn_blocked: false,
-            threads: Slab::default(),
-            exited: Vec::new(),
-            joining: 0,
             events: EventQueue::default(),
             counts: Counts::default(),
-            count,
-            left: 0,
-            reserved: 0,
             intake,
         }
     }
@@ -434,7 +376,7 @@ impl State {
         self.shutdown = true;
         // Nothing passes the intake from now on (fast/intake.rs inv. 1).
         self.refresh_intake();
-        self.claim_all_parked(after);
+        self.workers.claim_all_parked(after);
         after.room = Room::All;
         self.settle_check(after);
         true
@@ -453,22 +395,22 @@ impl State {
         waiter: Option<crate::slab::Key>,
         waited: &crate::job_core::JobCore,
     ) -> Result<OwnWaitMark, ()> {
-        if self.own_waiters + 1 >= self.max_in_flight {
+        if self.waiters.own() + 1 >= self.max_in_flight {
             return Err(());
         }
         let mark = self.lane_own_wait(waiter, waited)?;
-        self.own_waiters += 1;
+        self.waiters.count_own(true);
         Ok(mark)
     }
 
     /// A wait counted by [`State::own_wait_begins`] ended.
     pub(crate) fn own_wait_ended(&mut self, mark: OwnWaitMark) {
-        self.own_waiters -= 1;
+        self.waiters.count_own(false);
         self.lane_own_wait_ended(mark);
     }
 
     fn settle_check(&self, after: &mut After) {
-        if self.settle_waiters > 0 && (self.is_idle() || self.is_terminated()) {
+        if self.waiters.for_settle() && (self.is_idle() || self.is_terminated()) {
             after.settled = true;
         }
     }
@@ -502,23 +444,18 @@ impl State {
     /// Shut down, idle, and every pool thread has exited *and been joined*
     /// (its thread-local destructors have run).
     pub(crate) fn is_terminated(&self) -> bool {
-        self.threads_retired() && self.exited.is_empty() && self.joining == 0
+        self.threads_retired() && self.workers.all_joined()
     }
 
     /// Shut down, idle, and every pool thread has retired (some may still
-    /// be exiting: see [`State::take_exited`]).
+    /// be exiting: see [`Workers::take_exited`]).
     pub(crate) fn threads_retired(&self) -> bool {
-        self.shutdown
-            && self.is_idle()
-            && self.workers == 0
-            && !self.monitor
-            && !self.delivery
-            && self.threads.is_empty()
+        self.shutdown && self.is_idle() && self.workers.all_retired()
     }
 
     /// Shut down, idle and no worker left (the monitor's exit condition).
     pub(crate) fn workers_done(&self) -> bool {
-        self.shutdown && self.is_idle() && self.workers == 0
+        self.shutdown && self.is_idle() && self.workers.live() == 0
     }
 
     pub(crate) fn is_shutdown(&self) -> bool {

@@ -52,7 +52,7 @@ impl State {
             running_after_caller_left: c.running_after_caller_left,
             stop_requests: c.stop_requests,
             max_running: c.max_running,
-            workers: self.workers as u64,
+            workers: self.workers.live() as u64,
             queue_wait_total: c.queue_wait_total,
             run_time_total: c.run_time_total,
         }

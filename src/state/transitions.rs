@@ -2,17 +2,22 @@
 //! *cancel-queued*, *drain-unstarted*, *caller-left*, *stop-requested*, and
 //! the settling of outcomes published outside the lock (invariants S1–S5 of
 //! the module docs). *Accept* is in `admission.rs`.
+//!
+//! Then the workers' transitions that reach beyond [`Workers`](super::Workers): a spawn's
+//! outcome, retiring, joining, and the monitor's and delivery thread's
+//! comings and goings, which may open or close the intake or settle the
+//! pool.
 
 use std::time::Duration;
 
-use super::{After, State};
+use super::{After, State, Worker};
 use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::observer::EventKind;
 use crate::policy::Departure;
 use crate::slab::Key;
-use crate::sync::Arc;
+use crate::sync::{thread, Arc};
 
 impl State {
     /// Transition *start*: pops the next queued job and moves it to
@@ -31,7 +36,7 @@ impl State {
         debug_assert!(moved, "S2");
         let core = task.core();
         self.queued -= 1;
-        self.left_queue(1);
+        self.bound.left_queue(1);
         self.group_moved(core, QUEUED, RUNNING);
         // No room frees: the job moves from waiting to running, and the
         // bound is on jobs beyond the free permits.
@@ -87,7 +92,7 @@ impl State {
         self.queued -= 1;
         self.tombstones += 1;
         self.lane_cancelled(core, after);
-        self.left_queue(1);
+        self.bound.left_queue(1);
         self.counts.cancelled += 1;
         self.unpublished += 1;
         self.group_moved(core, QUEUED, CANCELLED);
@@ -158,7 +163,7 @@ impl State {
             self.event(task.core(), EventKind::NeverStarted, after);
             into.push(task);
         }
-        self.left_queue(before - self.queued);
+        self.bound.left_queue(before - self.queued);
         if !self.drain_lanes.is_empty() {
             return None;
         }
@@ -222,5 +227,117 @@ impl State {
             self.group_published(g, after);
         }
         self.published(n, after);
+    }
+
+    // ----- workers -------------------------------------------------------
+
+    /// Called by a worker that just took a job: if jobs are still queued,
+    /// makes sure a worker will look at them (nothing to do if another is
+    /// searching: [`Workers::find`](super::Workers::find)).
+    pub(crate) fn wake_another(&mut self) -> Worker {
+        if !self.has_startable() {
+            return Worker::Searching;
+        }
+        self.workers.find()
+    }
+
+    /// Whether the calling worker, about to retire, is the last one while
+    /// jobs are queued: it must stay (parked), or a job waiting for a
+    /// limiter's permit would have no worker when the permit comes back,
+    /// and after the last handle is dropped nothing would keep the pool
+    /// alive for it.
+    pub(crate) fn must_keep_worker(&self) -> bool {
+        self.workers.live() == 1 && self.queued > 0 && !self.draining
+    }
+
+    /// After a shutdown the last worker stays parked while it must
+    /// ([`must_keep_worker`](Self::must_keep_worker)); once it need not (the
+    /// queue emptied by a cancel, or drained), it is claimed, so it looks
+    /// again and retires: termination does not wait for its keep-alive.
+    pub(super) fn release_kept_worker(&mut self, after: &mut After) {
+        if self.shutdown && !self.must_keep_worker() {
+            self.workers.claim_all_parked(after);
+        }
+    }
+
+    /// A worker counted by [`Worker::Spawn`] could not be spawned.
+    pub(crate) fn spawn_failed(&mut self) {
+        self.workers.spawn_failed();
+        self.counts.spawn_failures += 1;
+        self.refresh_intake();
+    }
+
+    /// A worker counted by [`Worker::Spawn`] was spawned.
+    pub(crate) fn spawn_succeeded(&mut self) {
+        self.workers.spawn_succeeded();
+        self.refresh_intake();
+    }
+
+    /// Transition *retire*: a worker leaves the pool's count as its last
+    /// act under the lock. Returns the handles of threads that retired
+    /// before it, for it to join after unlocking (so that at most one
+    /// retired thread is ever left unjoined, however long the pool lives).
+    pub(crate) fn retire(&mut self, slot: Key, after: &mut After) -> Vec<thread::JoinHandle<()>> {
+        let earlier = self.workers.retire(slot);
+        self.refresh_intake();
+        self.settle_check(after);
+        earlier
+    }
+
+    /// `n` handles taken by [`Workers::take_exited`](super::Workers::take_exited) were settled: joined,
+    /// or (`back`, the joiner's own) returned to the exited list.
+    pub(crate) fn joined(
+        &mut self,
+        n: usize,
+        back: Option<thread::JoinHandle<()>>,
+        after: &mut After,
+    ) {
+        self.workers.joined(n, back);
+        self.settle_check(after);
+    }
+
+    /// The monitor could not start.
+    pub(crate) fn monitor_gone(&mut self, after: &mut After) {
+        self.workers.monitor_gone();
+        self.settle_check(after);
+    }
+
+    /// The monitor in `slot` exits; returns earlier retirees to join.
+    pub(crate) fn monitor_exit(
+        &mut self,
+        slot: Key,
+        after: &mut After,
+    ) -> Vec<thread::JoinHandle<()>> {
+        let earlier = self.workers.monitor_exit(slot);
+        self.settle_check(after);
+        earlier
+    }
+
+    /// Marks the delivery thread started; `false` if it already runs, or
+    /// if it has nothing to do: the pool is shut down and every event is
+    /// delivered (a refused job or a second shutdown starts no thread, and a
+    /// terminated pool stays terminated).
+    pub(crate) fn delivery_starting(&mut self) -> bool {
+        if !self.observe || self.workers.delivery() || (self.shutdown && self.events.is_drained()) {
+            return false;
+        }
+        self.workers.delivery_starting();
+        true
+    }
+
+    /// The delivery thread in `slot` exits; returns earlier retirees to
+    /// join. `None` (and it stays) while events may still come: until the
+    /// pool is shut down, idle and without workers.
+    pub(crate) fn delivery_exit(
+        &mut self,
+        slot: Key,
+        after: &mut After,
+    ) -> Option<Vec<thread::JoinHandle<()>>> {
+        if !self.workers_done() {
+            return None;
+        }
+        let earlier = self.workers.delivery_exit(slot);
+        self.settle_check(after);
+        Some(earlier)
     }
 }

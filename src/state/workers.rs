@@ -1,24 +1,100 @@
-//! The worker half of [`State`]: the wake protocol's bookkeeping
-//! (searching and parked workers), the threads' handles for termination,
-//! and the stuck-job monitor's flag. Every method is O(1) in the queue
-//! length and in `max_in_flight`, apart from [`State::take_exited`],
-//! which hands over what accumulated (at most one retired thread, or all
-//! of them at shutdown).
+//! [`Workers`]: the pool's threads as the locked state sees them. The wake
+//! protocol's bookkeeping (searching and parked workers, ARCHITECTURE.md
+//! "Waking workers"), the threads' handles for termination, the monitor's
+//! and the delivery thread's flags, and the spawn-failure test hooks.
+//!
+//! Every change of the searching, parked or live counts is published to the
+//! intake's submitters in the same call (fast/intake.rs inv. 2), so no
+//! caller can forget it. Every method is O(1) in the queue length and in
+//! `max_in_flight`, apart from [`Workers::take_exited`], which hands over
+//! what accumulated (at most one retired thread, or all of them at
+//! shutdown).
+//!
+//! What also needs the queue, the lanes or the settle waiters (retiring,
+//! a failed spawn, the last worker kept for a limiter's permit) is a
+//! transition of [`State`](super::State), in transitions.rs.
 
-use super::{After, Parked, State, Worker};
-use crate::slab::Key;
+use super::{After, Worker};
+use crate::fast::intake::Intake;
+use crate::slab::{Key, List, Slab};
 use crate::sync::thread;
 
-impl State {
+/// A parked worker: its id and its thread.
+struct Parked {
+    id: u64,
+    thread: thread::Thread,
+}
+
+/// The pool's worker threads, and its other threads' flags and handles.
+pub(crate) struct Workers {
+    /// At most this many workers live (the pool's `max_in_flight`).
+    max: usize,
+    /// Parked workers not yet claimed, most recently parked last.
+    parked: Slab<Parked>,
+    parked_list: List,
+    /// Live worker threads (spawned, or counted to be, and not retired).
+    live: usize,
+    /// Awake workers without a job that will look at the queue before
+    /// they park.
+    searching: usize,
+    next_id: u64,
+    /// The last worker spawn failed (and none succeeded since).
+    spawn_blocked: bool,
+    inject_spawn_failures: usize,
+    inject_delivery_spawn_failures: usize,
+    /// Handles of live pool threads (workers and the monitor), by slot.
+    threads: Slab<Option<thread::JoinHandle<()>>>,
+    /// Handles of retired threads nobody has joined yet.
+    exited: Vec<thread::JoinHandle<()>>,
+    /// Handles taken out of `exited` and being joined now.
+    joining: usize,
+    /// The stuck-job monitor thread is alive.
+    monitor: bool,
+    /// The observer's delivery thread is alive.
+    delivery: bool,
+    /// Where the counts are published, if the pool has an intake.
+    intake: Option<std::sync::Arc<Intake>>,
+}
+
+impl Workers {
+    pub(super) fn new(max: usize, intake: Option<std::sync::Arc<Intake>>) -> Self {
+        Workers {
+            max,
+            parked: Slab::default(),
+            parked_list: List::default(),
+            live: 0,
+            searching: 0,
+            next_id: 0,
+            spawn_blocked: false,
+            inject_spawn_failures: 0,
+            inject_delivery_spawn_failures: 0,
+            threads: Slab::default(),
+            exited: Vec::new(),
+            joining: 0,
+            monitor: false,
+            delivery: false,
+            intake,
+        }
+    }
+
+    /// Publishes the counts to submitters at the intake (fast/intake.rs
+    /// inv. 2): searching, and parked or not yet spawned.
+    fn publish(&self) {
+        if let Some(intake) = &self.intake {
+            let wakeable = self.parked_list.len() + self.max.saturating_sub(self.live);
+            intake.set_workers(self.searching, wakeable);
+        }
+    }
+
     /// Makes sure some worker will look at the queue: a searching one, a
     /// claimed parked one, or a new one (ARCHITECTURE.md "Waking workers").
-    pub(crate) fn find_worker(&mut self) -> Worker {
-        let worker = self.find_worker_counted();
-        self.publish_workers();
+    pub(crate) fn find(&mut self) -> Worker {
+        let worker = self.find_counted();
+        self.publish();
         worker
     }
 
-    fn find_worker_counted(&mut self) -> Worker {
+    fn find_counted(&mut self) -> Worker {
         if self.searching > 0 {
             return Worker::Searching;
         }
@@ -29,75 +105,43 @@ impl State {
                 return Worker::Claimed(p.thread);
             }
         }
-        if self.workers < self.max_in_flight {
-            self.workers += 1;
+        if self.live < self.max {
+            self.live += 1;
             self.searching += 1;
-            self.next_worker += 1;
-            return Worker::Spawn(self.next_worker);
+            self.next_id += 1;
+            return Worker::Spawn(self.next_id);
         }
         Worker::Busy
     }
 
-    /// Called by a worker that just took a job: if jobs are still queued,
-    /// makes sure a worker will look at them (nothing to do if another is
-    /// searching: [`State::find_worker`]).
-    pub(crate) fn wake_another(&mut self) -> Worker {
-        if !self.has_startable() {
-            return Worker::Searching;
-        }
-        self.find_worker()
-    }
-
-    /// Whether the calling worker, about to retire, is the last one while
-    /// jobs are queued: it must stay (parked), or a job waiting for a
-    /// limiter's permit would have no worker when the permit comes back,
-    /// and after the last handle is dropped nothing would keep the pool
-    /// alive for it.
-    pub(crate) fn must_keep_worker(&self) -> bool {
-        self.workers == 1 && self.queued > 0 && !self.draining
-    }
-
-    /// After a shutdown the last worker stays parked while it must
-    /// ([`must_keep_worker`](Self::must_keep_worker)); once it need not (the
-    /// queue emptied by a cancel, or drained), it is claimed, so it looks
-    /// again and retires: termination does not wait for its keep-alive.
-    pub(crate) fn release_kept_worker(&mut self, after: &mut After) {
-        if self.shutdown && !self.must_keep_worker() {
-            self.claim_all_parked(after);
-        }
-    }
-
     /// Claims every parked worker: each is unparked after unlocking,
     /// counted as searching, and looks at the queue again.
-    pub(crate) fn claim_all_parked(&mut self, after: &mut After) {
+    pub(super) fn claim_all_parked(&mut self, after: &mut After) {
         while let Some(key) = self.parked.pop_back(&mut self.parked_list) {
             if let Some(p) = self.parked.remove(key) {
                 self.searching += 1;
                 after.unpark.push(p.thread);
             }
         }
-        self.publish_workers();
+        self.publish();
     }
 
     /// A worker counted by [`Worker::Spawn`] could not be spawned.
-    pub(crate) fn spawn_failed(&mut self) {
-        self.workers -= 1;
+    pub(super) fn spawn_failed(&mut self) {
+        self.live -= 1;
         self.searching -= 1;
-        self.counts.spawn_failures += 1;
         self.spawn_blocked = true;
-        self.publish_workers();
-        self.refresh_intake();
+        self.publish();
     }
 
     /// A worker counted by [`Worker::Spawn`] was spawned.
-    pub(crate) fn spawn_succeeded(&mut self) {
+    pub(super) fn spawn_succeeded(&mut self) {
         self.spawn_blocked = false;
-        self.refresh_intake();
     }
 
-    /// Counts a job refused because no worker could be spawned for it.
-    pub(crate) fn count_spawn_refusal(&mut self) {
-        self.counts.rejected_spawn += 1;
+    /// Whether the last worker spawn failed (and none succeeded since).
+    pub(super) fn spawn_blocked(&self) -> bool {
+        self.spawn_blocked
     }
 
     /// Test hook: whether this spawn should fail as if the OS refused it.
@@ -132,15 +176,16 @@ impl State {
     /// The worker will look at the queue again before it parks.
     pub(crate) fn begin_search(&mut self) {
         self.searching += 1;
-        self.publish_workers();
+        self.publish();
     }
 
     /// The worker stops searching (it took a job, parks or retires).
     pub(crate) fn end_search(&mut self) {
         self.searching -= 1;
-        self.publish_workers();
+        self.publish();
     }
 
+    /// How many workers are searching.
     pub(crate) fn searching(&self) -> usize {
         self.searching
     }
@@ -149,7 +194,7 @@ impl State {
     pub(crate) fn park(&mut self, id: u64, thread: thread::Thread) -> Key {
         let key = self.parked.insert(Parked { id, thread });
         self.parked.push_back(&mut self.parked_list, key);
-        self.publish_workers();
+        self.publish();
         key
     }
 
@@ -163,25 +208,21 @@ impl State {
     pub(crate) fn unpark_self(&mut self, key: Key) {
         self.parked.unlink(&mut self.parked_list, key);
         self.parked.remove(key);
-        self.publish_workers();
+        self.publish();
     }
 
-    /// Whether any worker thread is alive.
-    pub(crate) fn has_workers(&self) -> bool {
-        self.workers > 0
+    /// How many worker threads live.
+    pub(crate) fn live(&self) -> usize {
+        self.live
     }
 
-    /// Transition *retire*: a worker leaves the pool's count as its last
-    /// act under the lock. Returns the handles of threads that retired
-    /// before it, for it to join after unlocking (so that at most one
-    /// retired thread is ever left unjoined, however long the pool lives).
-    pub(crate) fn retire(&mut self, slot: Key, after: &mut After) -> Vec<thread::JoinHandle<()>> {
-        self.workers -= 1;
-        self.publish_workers();
-        self.refresh_intake();
-        let earlier = self.thread_exit(slot);
-        self.settle_check(after);
-        earlier
+    /// A worker leaves the count as its last act under the lock. Returns
+    /// the handles of threads that retired before it, for it to join after
+    /// unlocking.
+    pub(super) fn retire(&mut self, slot: Key) -> Vec<thread::JoinHandle<()>> {
+        self.live -= 1;
+        self.publish();
+        self.thread_exit(slot)
     }
 
     /// Reserves the slot a new pool thread's handle will be kept in.
@@ -203,7 +244,8 @@ impl State {
 
     /// The thread in `slot` is exiting: its handle waits in `exited` for a
     /// join; the handles that waited there before are returned, counted as
-    /// being joined.
+    /// being joined (so that at most one retired thread is ever left
+    /// unjoined, however long the pool lives).
     fn thread_exit(&mut self, slot: Key) -> Vec<thread::JoinHandle<()>> {
         let earlier = self.take_exited();
         if let Some(Some(handle)) = self.threads.remove(slot) {
@@ -213,24 +255,29 @@ impl State {
     }
 
     /// Takes the handles of retired threads for the caller to join; call
-    /// [`State::joined`] after joining them.
+    /// [`State::joined`](super::State::joined) after joining them.
     pub(crate) fn take_exited(&mut self) -> Vec<thread::JoinHandle<()>> {
         let handles = std::mem::take(&mut self.exited);
         self.joining += handles.len();
         handles
     }
 
-    /// `n` handles taken by [`State::take_exited`] were settled: joined,
+    /// `n` handles taken by [`Workers::take_exited`] were settled: joined,
     /// or (`back`, the joiner's own) returned to the exited list.
-    pub(crate) fn joined(
-        &mut self,
-        n: usize,
-        back: Option<thread::JoinHandle<()>>,
-        after: &mut After,
-    ) {
+    pub(super) fn joined(&mut self, n: usize, back: Option<thread::JoinHandle<()>>) {
         self.joining -= n;
         self.exited.extend(back);
-        self.settle_check(after);
+    }
+
+    /// No worker lives, the monitor and the delivery thread are gone, and
+    /// every pool thread's slot is free (some may still be exiting).
+    pub(super) fn all_retired(&self) -> bool {
+        self.live == 0 && !self.monitor && !self.delivery && self.threads.is_empty()
+    }
+
+    /// Every retired thread's handle was joined.
+    pub(super) fn all_joined(&self) -> bool {
+        self.exited.is_empty() && self.joining == 0
     }
 
     /// Marks the monitor thread started; `false` if it already runs.
@@ -238,33 +285,25 @@ impl State {
         !std::mem::replace(&mut self.monitor, true)
     }
 
-    /// Marks the delivery thread started; `false` if it already runs, or
-    /// if it has nothing to do: the pool is shut down and every event is
-    /// delivered (a refused job or a second shutdown starts no thread, and a
-    /// terminated pool stays terminated).
-    pub(crate) fn delivery_starting(&mut self) -> bool {
-        if !self.observe || self.delivery || (self.shutdown && self.events.is_drained()) {
-            return false;
-        }
-        self.delivery = true;
-        true
+    /// The monitor could not start.
+    pub(super) fn monitor_gone(&mut self) {
+        self.monitor = false;
     }
 
-    /// The delivery thread in `slot` exits; returns earlier retirees to
-    /// join. `None` (and it stays) while events may still come: until the
-    /// pool is shut down, idle and without workers.
-    pub(crate) fn delivery_exit(
-        &mut self,
-        slot: Key,
-        after: &mut After,
-    ) -> Option<Vec<thread::JoinHandle<()>>> {
-        if !self.workers_done() {
-            return None;
-        }
-        self.delivery = false;
-        let earlier = self.thread_exit(slot);
-        self.settle_check(after);
-        Some(earlier)
+    /// The monitor in `slot` exits; returns earlier retirees to join.
+    pub(super) fn monitor_exit(&mut self, slot: Key) -> Vec<thread::JoinHandle<()>> {
+        self.monitor = false;
+        self.thread_exit(slot)
+    }
+
+    /// Whether the delivery thread runs.
+    pub(super) fn delivery(&self) -> bool {
+        self.delivery
+    }
+
+    /// Marks the delivery thread started.
+    pub(super) fn delivery_starting(&mut self) {
+        self.delivery = true;
     }
 
     /// The delivery thread could not start.
@@ -272,21 +311,10 @@ impl State {
         self.delivery = false;
     }
 
-    /// The monitor could not start.
-    pub(crate) fn monitor_gone(&mut self, after: &mut After) {
-        self.monitor = false;
-        self.settle_check(after);
-    }
-
-    /// The monitor in `slot` exits; returns earlier retirees to join.
-    pub(crate) fn monitor_exit(
-        &mut self,
-        slot: Key,
-        after: &mut After,
-    ) -> Vec<thread::JoinHandle<()>> {
-        self.monitor = false;
-        let earlier = self.thread_exit(slot);
-        self.settle_check(after);
-        earlier
+    /// The delivery thread in `slot` exits; returns earlier retirees to
+    /// join.
+    pub(super) fn delivery_exit(&mut self, slot: Key) -> Vec<thread::JoinHandle<()>> {
+        self.delivery = false;
+        self.thread_exit(slot)
     }
 }

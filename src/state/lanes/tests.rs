@@ -13,7 +13,7 @@ use crate::job::Task;
 use crate::job_core::new_core;
 use crate::lane::LaneKey;
 use crate::limiter::{Limiter, TestPool};
-use crate::state::{After, KeyLimits, Room, State, Waiters};
+use crate::state::{After, KeyLimits, Room, State, Wait};
 use crate::stop::StopToken;
 
 /// A pool's state of `max_in_flight` permits and room for `capacity`
@@ -43,8 +43,9 @@ fn job(key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
 fn accept(s: &mut State, key: Option<LaneKey>, limiters: Vec<Limiter>) -> Arc<dyn Task> {
     let task = job(key, limiters);
     // The place `admit` would reserve, whatever the bound.
-    let (_, seen) = s.count.exact(s.left);
-    assert!(s.count.reserve_exact(seen));
+    let (_, seen) = s.bound.exact();
+    assert!(s.bound.reserve(seen));
+    s.bound.take_reservation();
     s.accept(task.clone(), &mut After::default());
     task
 }
@@ -167,7 +168,7 @@ fn blocked_with_a_room_waiter() -> (Arc<TestPool>, Limiter, State) {
     accept(&mut s, None, vec![limiter.clone()]);
     assert!(s.start(0, &mut After::default()).is_none(), "blocked");
     assert_eq!(limiter.stats().pools_waiting, 1);
-    s.count_waiter(Waiters::Room, true);
+    s.count_waiter(Wait::Room, true);
     (watcher, limiter, s)
 }
 

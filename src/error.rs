@@ -105,7 +105,11 @@ pub enum Error {
     /// immediate [`shutdown_now`](crate::Offloader::shutdown_now) returned
     /// it unstarted (`id: Some`). The function never ran. Answers
     /// [`is_shutdown`](Self::is_shutdown).
-    #[error("{}", ShuttingDownMessage(*.id))]
+    #[error("{}", ByJob {
+        id: *.id,
+        accepted: "never started: the offloader shut down immediately and returned it unstarted",
+        other: "job refused, the function never ran: the offloader is shutting down and accepts no new jobs",
+    })]
     ShuttingDown {
         /// The job returned unstarted; `None` if it was refused.
         id: Option<JobId>,
@@ -116,7 +120,11 @@ pub enum Error {
     /// [`JobGroup`](crate::JobGroup), or an ancestor, was stopped or is
     /// closing (counted in [`GroupMetrics::rejected`](crate::GroupMetrics::rejected)).
     /// The function never ran. Answers [`is_cancelled`](Self::is_cancelled).
-    #[error("{}", CancelledMessage(*.id))]
+    #[error("{}", ByJob {
+        id: *.id,
+        accepted: "was cancelled before it started; the function never ran",
+        other: "job refused, the function never ran: its job group was stopped or is closing",
+    })]
     Cancelled {
         /// The cancelled job; `None` if it was refused.
         id: Option<JobId>,
@@ -157,7 +165,11 @@ pub enum Error {
     ///
     /// Answers no predicate: it is a program error to fix (a 500), not a
     /// condition to handle.
-    #[error("{}", OutcomeTakenMessage(*.id))]
+    #[error("{}", ByJob {
+        id: *.id,
+        accepted: "had its outcome taken already by an earlier wait",
+        other: "the offload future was polled after it had returned its outcome",
+    })]
     OutcomeTaken {
         /// The job; `None` for a future polled after it completed.
         id: Option<JobId>,
@@ -201,51 +213,19 @@ impl fmt::Display for TimedOutMessage {
     }
 }
 
-/// [`Error::ShuttingDown`]'s message.
-struct ShuttingDownMessage(Option<JobId>);
-
-impl fmt::Display for ShuttingDownMessage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(id) => write!(
-                f,
-                "job {id} never started: the offloader shut down immediately and returned it unstarted"
-            ),
-            None => f.write_str(
-                "job refused, the function never ran: the offloader is shutting down and accepts no new jobs",
-            ),
-        }
-    }
+/// The message of a variant whose `id` is `Some` for a job that was
+/// accepted (`job {id} {accepted}`) and `None` otherwise (`other`).
+struct ByJob {
+    id: Option<JobId>,
+    accepted: &'static str,
+    other: &'static str,
 }
 
-/// [`Error::Cancelled`]'s message.
-struct CancelledMessage(Option<JobId>);
-
-impl fmt::Display for CancelledMessage {
+impl fmt::Display for ByJob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(id) => write!(
-                f,
-                "job {id} was cancelled before it started; the function never ran"
-            ),
-            None => f.write_str(
-                "job refused, the function never ran: its job group was stopped or is closing",
-            ),
-        }
-    }
-}
-
-/// [`Error::OutcomeTaken`]'s message.
-struct OutcomeTakenMessage(Option<JobId>);
-
-impl fmt::Display for OutcomeTakenMessage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(id) => write!(
-                f,
-                "the outcome of job {id} was already taken by an earlier wait"
-            ),
-            None => f.write_str("the offload future was polled after it had returned its outcome"),
+        match self.id {
+            Some(id) => write!(f, "job {id} {}", self.accepted),
+            None => f.write_str(self.other),
         }
     }
 }

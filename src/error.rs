@@ -167,7 +167,7 @@ pub enum Error {
     /// condition to handle.
     #[error("{}", ByJob {
         id: *.id,
-        accepted: "had its outcome taken already by an earlier wait",
+        accepted: "was waited for before: its outcome was already taken by an earlier wait",
         other: "the offload future was polled after it had returned its outcome",
     })]
     OutcomeTaken {

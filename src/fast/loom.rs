@@ -1,5 +1,6 @@
-//! Loom models of the intake (fast/intake.rs inv. 1–3) and of its ring (fast/ring.rs
-//! inv. 1–3). Run with the others (`loom_tests.rs`).
+//! Loom models of the intake (fast/intake.rs inv. 1–3), of its ring (fast/ring.rs
+//! inv. 1–3) and of next-job chaining (fence pair F4 of fast/README.md).
+//! Run with the others (`loom_tests.rs`).
 //!
 //! | model | covers |
 //! |---|---|
@@ -10,12 +11,16 @@
 //! | `ring_producers_vs_the_consumer` | fast/ring.rs inv. 1–3: two producers race for the last free place of a two-place ring, on its second lap, while the consumer takes the value ahead of it: the oldest value leaves first, each value is taken or handed back exactly once, and only one producer at most is refused |
 //! | `a_returned_push_is_never_hidden_behind_one_going_in` | fast/ring.rs inv. 2–3: a value whose push returned is taken by a consumer that knows of it, never hidden behind a place still being filled (so a job whose `spawn` returned is in the queue at the next lock) |
 //! | `producers_with_room_are_never_told_full` | fast/ring.rs inv. 2: a producer that read `tail` before another claimed and filled that position reads it again, and is not told "full" while the ring has room |
+//! | `a_finishing_worker_vs_a_caller_registering_its_waker` | fence pair F4 (fast/README.md "Next-job chaining"): a caller registers its waker on a job while the worker finishes it with a second job queued; the caller is woken or sees the outcome (no lost wake-up), its waker never runs on the worker after the next job is marked started, and the ledger balances |
+
+use std::future::Future as _;
+use std::task::{Context, Poll, Waker};
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 
 use crate::loom_tests::{shutdown_vs_submit_on, Branches};
-use crate::Offloader;
+use crate::{JobHandle, JobState, Offloader};
 
 /// A flag one thread waits on until another sets it (loom's mutex and
 /// condition variable).
@@ -261,4 +266,87 @@ fn producers_with_room_are_never_told_full() {
         }
         assert!(busy <= 1);
     });
+}
+
+/// An awaiting caller's waker: when woken it notes whether the job queued
+/// behind the awaited one was already marked started (it must not be: the
+/// waker runs on the worker, F4), then lets the caller go on.
+struct ChainWaker {
+    next: std::sync::Arc<JobHandle<()>>,
+    next_started: AtomicBool,
+    woken: Gate,
+}
+
+impl std::task::Wake for ChainWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        if self.next.state() != JobState::Queued {
+            self.next_started.store(true, Ordering::SeqCst);
+        }
+        self.woken.open();
+    }
+}
+
+/// F4: a caller registers its waker on a job while its worker finishes it,
+/// a second job queued behind it (so the worker decides whether to chain
+/// it). Either the worker sees the waker and does not chain (it wakes the
+/// waker first, with the next job still queued), or the caller sees the
+/// job finished, takes its waker back and gets the outcome at once: the
+/// outcome is never lost (a lost wake-up leaves the caller blocked on its
+/// gate, which loom reports), the waker never runs on the worker once the
+/// next job is marked started, and the ledger balances.
+#[test]
+fn a_finishing_worker_vs_a_caller_registering_its_waker() {
+    // 0: ready at the first poll; 1: pending, then woken.
+    static BRANCHES: Branches<2> = Branches::new();
+    loom::model(|| {
+        let pool = warm_pool();
+        // The awaited job waits until the next job is queued behind it.
+        let go = Gate::new();
+        let wait = go.clone();
+        let mut job = pool
+            .offload(move |_| {
+                wait.wait();
+                7
+            })
+            .spawn()
+            .expect("accepted");
+        let next = std::sync::Arc::new(pool.offload(|_| ()).spawn().expect("accepted"));
+        let chain = std::sync::Arc::new(ChainWaker {
+            next: next.clone(),
+            next_started: AtomicBool::new(false),
+            woken: Gate::new(),
+        });
+        let waker = Waker::from(chain.clone());
+        let mut cx = Context::from_waker(&waker);
+        go.open();
+        match std::pin::Pin::new(&mut job).poll(&mut cx) {
+            Poll::Ready(v) => {
+                assert_eq!(v.ok(), Some(7));
+                BRANCHES.hit(0);
+            }
+            Poll::Pending => {
+                chain.woken.wait();
+                assert!(
+                    !chain.next_started.load(Ordering::SeqCst),
+                    "the waker ran on the worker after the next job was marked started"
+                );
+                match std::pin::Pin::new(&mut job).poll(&mut cx) {
+                    Poll::Ready(v) => assert_eq!(v.ok(), Some(7)),
+                    Poll::Pending => panic!("woken, but the outcome is not published"),
+                }
+                BRANCHES.hit(1);
+            }
+        }
+        let after = loom::future::block_on(std::future::poll_fn(|cx| next.poll_outcome(cx)));
+        assert!(after.is_ok());
+        let m = pool.metrics();
+        assert!(m.ledger_balances());
+        assert_eq!(m.completed, 3);
+        drop(pool);
+    });
+    BRANCHES.assert_all(["ready at the first poll", "pending, then woken"]);
 }

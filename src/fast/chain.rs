@@ -7,8 +7,8 @@
 //! ([`State::start`](crate::state::State::start)) when it says yes.
 
 /// What the worker knows of the job it just finished, under the pool lock,
-/// after [`State::finish`](crate::state::State::finish): one field per
-/// term of the chaining rule (term 7 negated).
+/// after [`State::finish`](crate::state::State::finish): the seven terms
+/// of the chaining rule (terms 1–3 in one field, term 7 negated).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Finished {
     /// Terms 1–3: foreign code is left for this thread before the next

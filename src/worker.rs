@@ -15,6 +15,7 @@
 use std::sync::atomic::Ordering as StdOrdering;
 use std::time::{Duration, Instant};
 
+use crate::fast::chain;
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::pool::Inner;
@@ -100,27 +101,12 @@ impl Inner {
                     s.published(1, &mut after);
                 }
                 s.finish(core, did_panic, ran, &mut after);
-                // The next job is marked started in this same critical
-                // section only if nothing foreign runs on this thread before
-                // its function does: no waiter to wake, no value of this
-                // job to drop — a detached result, a result with drop glue
-                // (its handle may go at any moment and leave the drop to
-                // this worker), a panic's payload — and no group of this
-                // job to settle (its idle waiters may be woken)
-                // (ARCHITECTURE.md "A job's path"). Otherwise the worker
-                // takes it at its next lock, after that work.
-                // ORDERING: fence pair F4 of src/fast/README.md, with a
-                // caller registering its waker (job.rs `poll_outcome`): the
-                // job is terminal now; either the hint shows that caller's
-                // waker, or the caller sees the terminal state and takes
-                // its waker back.
-                crate::sync::fence(crate::sync::Ordering::SeqCst);
-                // Foreign code left for this thread: a tracing
-                // subscriber's, for the job's span (enabled or not since it
-                // was made) or last log lines (tracing's level statics, read
-                // here: no subscriber call); the drop of a value of the
-                // job's (a result with drop glue, a panic's payload);
-                // wakers.
+                // Foreign code left for this thread before a next job's
+                // function could run: a tracing subscriber's, for the job's
+                // span (enabled or not since it was made) or last log lines
+                // (tracing's level statics, read here: no subscriber call);
+                // the drop of a value of the job's (a panic's payload, a
+                // result with drop glue).
                 let level = if did_panic {
                     tracing::Level::WARN
                 } else {
@@ -129,13 +115,26 @@ impl Inner {
                 log_lines = crate::quiet::may_log(level);
                 let traced = log_lines || !span.is_disabled();
                 let user_code = traced || did_panic || result_drops;
-                let foreign_next = user_code
-                    || after.runs_foreign_code()
-                    || core.membership().is_some()
-                    || core.waker_hint()
-                    || !core.caller_waiting();
-                if self.config.fast && !foreign_next {
-                    following = s.start(now, &mut after);
+                // With the fast layer on, the next job starts in this same
+                // critical section if `chain::may_chain` allows it: only if
+                // nothing foreign runs on this thread before its function.
+                if self.config.fast {
+                    // ORDERING: fence pair F4 of src/fast/README.md, with a
+                    // caller registering its waker (job.rs `poll_outcome`):
+                    // the job is terminal now; either the hint shows that
+                    // caller's waker, or the caller sees the terminal state
+                    // and takes its waker back.
+                    crate::sync::fence(crate::sync::Ordering::SeqCst);
+                    let done = chain::Finished {
+                        user_code,
+                        foreign_after: after.runs_foreign_code(),
+                        in_group: core.membership().is_some(),
+                        waker_hint: core.waker_hint(),
+                        caller_waiting: core.caller_waiting(),
+                    };
+                    if chain::may_chain(done) {
+                        following = s.start(now, &mut after);
+                    }
                 }
                 if following.is_none() && !user_code {
                     // From here until it parks this worker will look at the

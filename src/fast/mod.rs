@@ -7,14 +7,18 @@
 //!   count word (shared with the locked door), the gate, the workers'
 //!   word, and the ring the jobs wait in ([`ring`]).
 //! - [`submit`]: a submitter passing the intake.
+//! - [`chain`]: whether a worker that finished a job starts the next one in
+//!   the same critical section (next-job chaining).
 //! - [`caller_spin`]: how long an awaiting caller spins for its outcome.
 //!
 //! Outside this folder, but part of the layer: the intake's locked side
-//! (`state/intake.rs`), next-job chaining and the worker's spin
-//! (`worker.rs`), and the waker hint (`job.rs`); the README says how each
-//! piece works with the others.
+//! (`state/intake.rs`), the worker's side of chaining (fence F4, then
+//! [`chain::may_chain`]) and the worker's spin (`worker.rs`), and the
+//! waker hint (`job.rs`); the README says how each piece works with the
+//! others.
 
 pub(crate) mod caller_spin;
+pub(crate) mod chain;
 pub(crate) mod intake;
 mod ring;
 pub(crate) mod submit;

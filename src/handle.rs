@@ -389,6 +389,12 @@ impl<T> Drop for JobHandle<T> {
         if !core.state().is_terminal() {
             core.set_caller_waiting(false);
         }
+        // An outcome published and never taken is dropped here, its drop
+        // caught as the worker catches it: a value's or a panic payload's
+        // `Drop` that panics must not unwind out of this one.
+        if self.job.is_published() {
+            self.job.drop_published();
+        }
     }
 }
 

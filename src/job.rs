@@ -75,6 +75,10 @@ pub(crate) trait Outcome<T>: Task {
     /// Blocks until the outcome is published or `until` passes; `None` on
     /// timeout.
     fn wait_outcome(&self, until: Option<Instant>) -> Option<Result<T, Error>>;
+    /// Drops a published outcome nobody will take (its handle goes), after
+    /// unlocking and catching a panic of its drop (user code: a value's or
+    /// a panic payload's `Drop`).
+    fn drop_published(&self);
 }
 
 /// A job with its function, outcome and stop state, in one allocation,
@@ -382,6 +386,24 @@ where
     F: FnOnce(&StopToken) -> T + Send + 'static,
     T: Send + 'static,
 {
+    fn drop_published(&self) {
+        let outcome = {
+            let mut cell = lock(&self.cell);
+            match std::mem::replace(&mut *cell, Cell::Taken { stop_ext: None }) {
+                Cell::Published { outcome, stop_ext } => {
+                    *cell = Cell::Taken { stop_ext };
+                    debug_assert!(cell_matches(&cell, self.core.state_word()));
+                    Some(outcome)
+                }
+                other => {
+                    *cell = other;
+                    None
+                }
+            }
+        };
+        drop_quietly(outcome);
+    }
+
     fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
         {
             let mut cell = lock(&self.cell);

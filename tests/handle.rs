@@ -505,3 +505,40 @@ async fn waiters_parked_on_queued_jobs_are_woken_by_their_discard() {
     );
     blocker.release().await;
 }
+
+/// A value whose drop panics (user code).
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("on purpose: a drop that panics");
+    }
+}
+
+/// Dropping a handle whose published outcome nobody took drops that
+/// outcome, and a panic of its drop (a result's, or a panic payload's) is
+/// caught there as the worker catches it: it does not unwind out of the
+/// handle's drop (found by a hostile review: it did, and during an unwind
+/// it aborted the process).
+#[test]
+fn dropping_a_handle_catches_a_panic_of_its_outcome_s_drop() {
+    quiet_deliberate_panics();
+    let pool = pool(1, 4);
+    let value = pool
+        .offload(|_stop| PanicsOnDrop)
+        .spawn()
+        .expect("accepted");
+    let payload = pool
+        .offload(|_stop| -> () { std::panic::panic_any(PanicsOnDrop) })
+        .spawn()
+        .expect("accepted");
+    fn drop_finished<T>(handle: offloader::JobHandle<T>) {
+        eventually_blocking("the outcome published", || handle.is_finished());
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(handle)));
+        assert!(dropped.is_ok(), "the drop's panic escaped the handle");
+    }
+    drop_finished(value);
+    drop_finished(payload);
+    eventually_blocking("the pool idle", || pool.is_idle());
+    assert_ledger(&pool.metrics());
+}

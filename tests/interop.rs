@@ -20,10 +20,7 @@ async fn a_group_stops_when_its_token_is_cancelled() {
     let (_g, hold) = gate();
     let (tx, mut started) = signal();
     let running = group
-        .offload(move |stop| {
-            tx.send(()).unwrap();
-            hold.wait_or_stop(stop)
-        })
+        .offload(gated_or_stop(&hold, &tx, ()))
         .spawn()
         .unwrap();
     recv("running", &mut started).await;
@@ -663,10 +660,7 @@ async fn a_group_follows_its_token_after_its_last_handle_is_dropped() {
         let (_g, hold) = gate();
         let (tx, mut started) = signal();
         let running = group
-            .offload(move |stop| {
-                tx.send(()).unwrap();
-                hold.wait_or_stop(stop)
-            })
+            .offload(gated_or_stop(&hold, &tx, ()))
             .spawn()
             .unwrap();
         recv("running", &mut started).await;
@@ -761,10 +755,7 @@ async fn a_cancelled_token_stops_a_groups_jobs_before_stop_on_returns() {
     let (_g, hold) = gate();
     let (tx, mut started) = signal();
     let running = group
-        .offload(move |stop| {
-            tx.send(()).unwrap();
-            hold.wait_or_stop(stop)
-        })
+        .offload(gated_or_stop(&hold, &tx, ()))
         .spawn()
         .unwrap();
     recv("running", &mut started).await;

@@ -11,7 +11,7 @@ use crate::clock::{Began, ClockHold};
 use crate::error::{Error, SubmitError};
 use crate::handle::JobHandle;
 use crate::offload::Offload;
-use crate::policy::{AbandonPolicy, Departure};
+use crate::policy::Departure;
 use crate::pool::Offloader;
 use crate::stop::StopToken;
 
@@ -25,11 +25,9 @@ where
 
     fn into_future(self) -> OffloadFuture<F, T> {
         let began = Began::if_limited(self.opts.timeout);
-        let policy = self.opts.policy.unwrap_or(self.pool.inner().config.abandon);
         OffloadFuture {
             began,
             limit: self.opts.timeout,
-            policy,
             pool: self.pool.clone(),
             spun: self.opts.no_spin,
             stage: Stage::Admit {
@@ -72,7 +70,7 @@ pin_project_lite::pin_project! {
         // (fast/caller_spin.rs).
         spun: bool,
         limit: Option<Duration>,
-        policy: AbandonPolicy,
+        // Its handle, once accepted, carries the job's abandon policy.
         stage: Stage<F, T>,
         #[pin]
         timer: Option<tokio::time::Sleep>,
@@ -83,8 +81,8 @@ pin_project_lite::pin_project! {
     impl<F, T> PinnedDrop for OffloadFuture<F, T> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Stage::Wait(handle) = &*this.stage {
-                handle.abandon(*this.policy, Departure::Dropped);
+            if let Stage::Wait(handle) = this.stage {
+                handle.leave(Departure::Dropped);
             }
         }
     }
@@ -142,9 +140,9 @@ where
                 }
                 *this.hold = None;
                 match why {
-                    Departure::TimedOut => Some(handle.timed_out(waited, Some(*this.policy))),
+                    Departure::TimedOut => Some(handle.timed_out(waited, true)),
                     Departure::Dropped => {
-                        handle.abandon(*this.policy, Departure::Dropped);
+                        handle.leave(Departure::Dropped);
                         None
                     }
                 }
@@ -250,7 +248,7 @@ where
                         return Poll::Pending;
                     }
                     *this.hold = None;
-                    let out = handle.timed_out(this.began.waited(), Some(*this.policy));
+                    let out = handle.timed_out(this.began.waited(), true);
                     *this.stage = Stage::Done;
                     return Poll::Ready(out);
                 }

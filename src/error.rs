@@ -16,7 +16,7 @@ use crate::id::{JobId, JobState};
 ///
 /// | predicate | variants | the job | status a service would answer |
 /// |---|---|---|---|
-/// | [`is_busy`](Self::is_busy) | [`Full`](Self::Full), [`ObserverBehind`](Self::ObserverBehind), [`ThreadSpawn`](Self::ThreadSpawn) | refused at once, never ran | 503 Service Unavailable, with `Retry-After` |
+/// | [`is_busy`](Self::is_busy) | [`Full`](Self::Full), [`Overloaded`](Self::Overloaded), [`ObserverBehind`](Self::ObserverBehind), [`ThreadSpawn`](Self::ThreadSpawn) | refused, or shed at its turn; never ran | 503 Service Unavailable, with `Retry-After` |
 /// | [`is_timeout`](Self::is_timeout) | [`TimedOut`](Self::TimedOut) | the caller stopped waiting; the job went on as its `fate` says | 504 Gateway Timeout (or 503) |
 /// | [`is_shutdown`](Self::is_shutdown) | [`ShuttingDown`](Self::ShuttingDown) | refused, or returned unstarted by [`shutdown_now`](crate::Offloader::shutdown_now) | 503 Service Unavailable |
 /// | [`is_cancelled`](Self::is_cancelled) | [`Cancelled`](Self::Cancelled) | cancelled before it started (or refused by a stopped group) | 499 Client Closed Request (or 503) |
@@ -101,6 +101,22 @@ pub enum Error {
     /// [`is_busy`](Self::is_busy).
     #[error("job refused, the function never ran: no worker thread could be spawned to run it")]
     ThreadSpawn(#[source] std::io::Error),
+    /// The job could not finish before its deadline at the pool's recent
+    /// run times, so it never ran: refused at once (`id: None`), because
+    /// the jobs ahead of it would take too long, or shed at its turn
+    /// (`id: Some`, [`JobState::Shed`]), with too little time left to run.
+    /// Only a job with a deadline whose abandon policy cancels it is
+    /// judged so (see [`Offload::with_timeout`](crate::Offload::with_timeout)).
+    /// Answers [`is_busy`](Self::is_busy).
+    #[error("{}", ByJob {
+        id: *.id,
+        accepted: "was not started: at its turn too little time was left before its deadline for a run as long as the pool's recent ones; the function never ran",
+        other: "job refused, the function never ran: at the pool's recent run times it could not finish before its deadline behind the jobs ahead of it",
+    })]
+    Overloaded {
+        /// The job shed at its turn; `None` if it was refused.
+        id: Option<JobId>,
+    },
     /// The pool shuts down: the job was refused (`id: None`), or an
     /// immediate [`shutdown_now`](crate::Offloader::shutdown_now) returned
     /// it unstarted (`id: Some`). The function never ran. Answers
@@ -232,12 +248,17 @@ impl fmt::Display for ByJob {
 
 impl Error {
     /// `true` if the pool was busy: the job was refused at once
-    /// ([`Error::Full`], [`Error::ObserverBehind`], [`Error::ThreadSpawn`]).
-    /// Try again later (a service answers 503 with `Retry-After`).
+    /// ([`Error::Full`], [`Error::Overloaded`], [`Error::ObserverBehind`],
+    /// [`Error::ThreadSpawn`]) or shed at its turn ([`Error::Overloaded`]);
+    /// it never ran. Try again later (a service answers 503 with
+    /// `Retry-After`).
     pub fn is_busy(&self) -> bool {
         matches!(
             self,
-            Error::Full { .. } | Error::ObserverBehind { .. } | Error::ThreadSpawn(_)
+            Error::Full { .. }
+                | Error::Overloaded { .. }
+                | Error::ObserverBehind { .. }
+                | Error::ThreadSpawn(_)
         )
     }
 
@@ -320,6 +341,7 @@ impl Error {
             }
             Error::ShuttingDown { id } => Error::ShuttingDown { id: *id },
             Error::Cancelled { id } => Error::Cancelled { id: *id },
+            Error::Overloaded { id } => Error::Overloaded { id: *id },
             Error::Panicked {
                 id,
                 message,
@@ -355,6 +377,7 @@ impl Error {
             Error::TimedOut { id, .. }
             | Error::ShuttingDown { id }
             | Error::Cancelled { id }
+            | Error::Overloaded { id }
             | Error::OutcomeTaken { id } => *id,
             Error::Panicked { id, .. } | Error::WouldDeadlock { id } => Some(*id),
             Error::Full { .. } | Error::ObserverBehind { .. } | Error::ThreadSpawn(_) => None,
@@ -586,9 +609,10 @@ mod tests {
         // until it is given its answer.
         let want = |e: &Error| match e {
             Error::TimedOut { .. } => Answer::Timeout,
-            Error::Full { .. } | Error::ObserverBehind { .. } | Error::ThreadSpawn(_) => {
-                Answer::Busy
-            }
+            Error::Full { .. }
+            | Error::Overloaded { .. }
+            | Error::ObserverBehind { .. }
+            | Error::ThreadSpawn(_) => Answer::Busy,
             Error::ShuttingDown { .. } => Answer::Shutdown,
             Error::Cancelled { .. } => Answer::Cancelled,
             Error::Panicked { .. } => Answer::Panic,
@@ -604,6 +628,8 @@ mod tests {
             Error::ShuttingDown { id: Some(id) },
             Error::Cancelled { id: None },
             Error::Cancelled { id: Some(id) },
+            Error::Overloaded { id: None },
+            Error::Overloaded { id: Some(id) },
             Error::panicked(id, Box::new("boom")),
             Error::WouldDeadlock { id },
             Error::OutcomeTaken { id: None },

@@ -22,12 +22,18 @@ use crate::sync::Arc;
 /// the function's value, or an [`Error`] that says what happened to the job.
 /// Await `&mut handle` to keep the handle after a timed-out wait.
 ///
-/// Dropping the handle *detaches* the job, as with tokio's `JoinHandle`: the
-/// offloader still owns it, it runs to completion, its outcome is recorded
-/// in the metrics and then dropped — by the worker that ran it, if the
-/// handle went before the outcome was published. That drop runs on the
-/// worker between jobs: a value whose `Drop` blocks holds that worker (and
-/// with it the next job it would start) for as long.
+/// Dropping the handle before the outcome is leaving, as dropping an
+/// awaited offload is: the job follows its [`AbandonPolicy`] (the pool's,
+/// or the one given with [`Offload::on_abandon`](crate::Offload::on_abandon)).
+/// Under the default, [`Keep`](AbandonPolicy::Keep), that detaches it, as
+/// with tokio's `JoinHandle`: the offloader still owns it, it runs to
+/// completion, its outcome is recorded in the metrics and then dropped — by
+/// the worker that ran it, if the handle went before the outcome was
+/// published. That drop runs on the worker between jobs: a value whose
+/// `Drop` blocks holds that worker (and with it the next job it would
+/// start) for as long. Under `CancelIfQueued` or `CancelAndStop`, a
+/// dropped handle cancels its queued job (and stops a running one);
+/// [`detach`](Self::detach) keeps the job whatever the policy.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -51,10 +57,14 @@ use crate::sync::Arc;
 /// assert_eq!(job.await?, "done");
 /// # Ok(()) }
 /// ```
-#[must_use = "dropping a JobHandle detaches the job; the offloader still runs it"]
+#[must_use = "dropping a JobHandle applies the job's abandon policy (by default the job goes on)"]
 pub struct JobHandle<T> {
     job: Arc<dyn Outcome<T>>,
     pool: Arc<Inner>,
+    /// What the holder's leaving does to the job (its timeout passing, or
+    /// the handle dropped): the job's abandon policy, until the holder has
+    /// left or detached.
+    on_leave: Option<AbandonPolicy>,
     /// Boxed: most handles have no wait limit, and a handle stays 32 bytes.
     timer: Option<Box<Timer>>,
 }
@@ -71,11 +81,12 @@ struct Timer {
 
 impl<T> JobHandle<T> {
     /// The owner handle of `job`, whose core says a caller waits from the
-    /// start (`JobCore::new`).
-    pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>) -> Self {
+    /// start (`JobCore::new`), and whose holder's leaving applies `policy`.
+    pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>, policy: AbandonPolicy) -> Self {
         JobHandle {
             job,
             pool,
+            on_leave: Some(policy),
             timer: None,
         }
     }
@@ -160,9 +171,13 @@ impl<T> JobHandle<T> {
         self.job.core().is_stop_requested()
     }
 
-    /// Gives up the handle; the offloader keeps running the job and records
-    /// its outcome. Same as dropping it, said out loud.
-    pub fn detach(self) {}
+    /// Gives up the handle and keeps the job, whatever its abandon policy:
+    /// the offloader runs it and records its outcome. (Dropping the handle
+    /// applies the policy, which keeps the job only under
+    /// [`AbandonPolicy::Keep`].)
+    pub fn detach(mut self) {
+        self.on_leave = None;
+    }
 
     /// Waits at most `limit` for the outcome. On timeout returns
     /// [`Error::TimedOut`] and the handle stays usable: the job goes on and
@@ -184,7 +199,7 @@ impl<T> JobHandle<T> {
         drop(hold);
         match waited {
             Ok(outcome) => outcome,
-            Err(_) => self.timed_out(began.waited(), None),
+            Err(_) => self.timed_out(began.waited(), false),
         }
     }
 
@@ -223,11 +238,14 @@ impl<T> JobHandle<T> {
     /// On a current-thread runtime's thread, as
     /// [`blocking_wait`](Self::blocking_wait) does.
     pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
-        let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
-        match off_the_runtime(|| self.job.wait_outcome(began.checked_add(limit))) {
+        let waited = {
+            let _waiting = self.pool.enter_own_wait(self.job.core())?;
+            off_the_runtime(|| self.job.wait_outcome(began.checked_add(limit)))
+        };
+        match waited {
             Some(outcome) => outcome,
-            None => self.timed_out(began.elapsed(), None),
+            None => self.timed_out(began.elapsed(), false),
         }
     }
 
@@ -264,20 +282,17 @@ impl<T> JobHandle<T> {
     /// The outcome once a wait has run out, if it was published meanwhile;
     /// otherwise the time-out error.
     ///
-    /// `policy` is applied to a job that is still queued or running (the
-    /// awaiting caller leaves); without one the job goes on under this
-    /// handle. The error reports the state the job was in when the wait
-    /// ended, before the policy acted.
-    pub(crate) fn timed_out(
-        &self,
-        waited: Duration,
-        policy: Option<AbandonPolicy>,
-    ) -> Result<T, Error> {
+    /// With `leave`, the holder leaves: the job's policy is applied to it
+    /// if it is still queued or running; without, the job goes on under
+    /// this handle. The error reports the state the job was in when the
+    /// wait ended, before the policy acted.
+    pub(crate) fn timed_out(&mut self, waited: Duration, leave: bool) -> Result<T, Error> {
         let state = self.state();
         if !state.is_terminal() {
-            let fate = match policy {
-                Some(policy) => self.abandon(policy, Departure::TimedOut),
-                None => Fate::Kept,
+            let fate = if leave {
+                self.leave(Departure::TimedOut)
+            } else {
+                Fate::Kept
             };
             if fate != Fate::Finished {
                 return Err(Error::TimedOut {
@@ -299,6 +314,15 @@ impl<T> JobHandle<T> {
                 state: Some(self.state()),
                 fate: Fate::Finished,
             }),
+        }
+    }
+
+    /// The holder stops waiting: applies the job's policy, once (a holder
+    /// that left already, or detached, keeps the job).
+    pub(crate) fn leave(&mut self, why: Departure) -> Fate {
+        match self.on_leave.take() {
+            Some(policy) => self.abandon(policy, why),
+            None => Fate::Kept,
         }
     }
 
@@ -374,20 +398,25 @@ impl<T> Future for JobHandle<T> {
         if sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        // The limit is spent; later awaits wait without one.
+        // The limit is spent; later awaits wait without one. The holder
+        // left: the job follows its policy.
         let waited = timer.began.waited();
         self.timer = None;
-        Poll::Ready(self.timed_out(waited, None))
+        Poll::Ready(self.timed_out(waited, true))
     }
 }
 
 impl<T> Drop for JobHandle<T> {
     fn drop(&mut self) {
-        // Detaches: the job goes on; nobody is left to collect its outcome.
-        // A finished job's worker has read the flag already (worker.rs).
-        let core = self.job.core();
-        if !core.state().is_terminal() {
-            core.set_caller_waiting(false);
+        // The holder leaves: the job follows its policy, quietly under
+        // `Keep` (a detach: not counted as a caller that left). Then nobody
+        // is left to collect its outcome; a finished job's worker has read
+        // the flag already (worker.rs).
+        if !self.job.core().state().is_terminal() {
+            if self.on_leave.is_some_and(|p| p != AbandonPolicy::Keep) {
+                self.leave(Departure::Dropped);
+            }
+            self.job.core().set_caller_waiting(false);
         }
         // An outcome published and never taken is dropped here, its drop
         // caught as the worker catches it: a value's or a panic payload's

@@ -66,10 +66,15 @@ pub enum JobState {
     /// Removed from the queue by an immediate shutdown; the function never
     /// ran.
     Unstarted,
+    /// Dropped from the queue at its turn because it could not finish
+    /// before its deadline at the pool's recent run times (see
+    /// [`Offload::with_timeout`](crate::Offload::with_timeout)); the
+    /// function never ran.
+    Shed,
 }
 
 impl JobState {
-    /// `true` for the four terminal states.
+    /// `true` for the terminal states: all but `Queued` and `Running`.
     pub fn is_terminal(self) -> bool {
         !matches!(self, JobState::Queued | JobState::Running)
     }
@@ -81,6 +86,7 @@ impl JobState {
             COMPLETED => JobState::Completed,
             PANICKED => JobState::Panicked,
             CANCELLED => JobState::Cancelled,
+            SHED => JobState::Shed,
             _ => JobState::Unstarted,
         }
     }
@@ -95,6 +101,7 @@ impl fmt::Display for JobState {
             JobState::Panicked => "panicked",
             JobState::Cancelled => "cancelled before start",
             JobState::Unstarted => "returned unstarted at shutdown",
+            JobState::Shed => "not started: too little time left before its deadline",
         })
     }
 }
@@ -111,6 +118,8 @@ pub(crate) const PANICKED: u8 = 3;
 pub(crate) const CANCELLED: u8 = 4;
 /// Terminal: handed back unstarted by an immediate shutdown.
 pub(crate) const UNSTARTED: u8 = 5;
+/// Terminal: dropped at its turn, too near its deadline to finish.
+pub(crate) const SHED: u8 = 6;
 
 /// Nanoseconds since a process-wide epoch: 8 bytes where an `Instant`
 /// takes 16.

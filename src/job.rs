@@ -40,7 +40,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
 use crate::error::Error;
-use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
+use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, SHED, UNSTARTED};
 use crate::job_core::{Extras, JobCore};
 use crate::quiet::{drop_quietly, wake_quietly};
 use crate::stop::{StopExt, StopSource, StopToken};
@@ -61,8 +61,8 @@ pub(crate) trait Task: StopSource {
     fn result_needs_drop(&self) -> bool;
 
     /// Drops the never-run function and publishes its outcome: the error
-    /// its state word names (the caller must have won `Queued → Cancelled`
-    /// or `Queued → Unstarted`).
+    /// its state word names (the caller must have won `Queued → Cancelled`,
+    /// `Queued → Unstarted` or `Queued → Shed`).
     fn discard(&self);
 
     /// Whether the outcome is published (or already taken).
@@ -97,7 +97,7 @@ pub(crate) struct Job<F, T, const N: usize = 0> {
 ///
 /// | cell        | state word                                                        |
 /// |-------------|-------------------------------------------------------------------|
-/// | `Queued`    | `Queued`; or the winner of the swap out of `Queued` (`Running`, `Cancelled`, `Unstarted`) before it took the function |
+/// | `Queued`    | `Queued`; or the winner of the swap out of `Queued` (`Running`, `Cancelled`, `Unstarted`, `Shed`) before it took the function |
 /// | `Running`   | `Running`; or `Completed`/`Panicked` before the outcome is published |
 /// | `Published` | terminal                                                          |
 /// | `Taken`     | terminal                                                          |
@@ -121,7 +121,7 @@ enum Cell<F, T> {
     Taken {
         stop_ext: Option<Arc<StopExt>>,
     },
-    /// The function was discarded unrun: the state word (`Cancelled` or
+    /// The function was discarded unrun: the state word (`Cancelled`, `Shed` or
     /// `Unstarted`) says which error every wait gets. Nothing to allocate
     /// for the error, so a cancel or a drain touches only the job.
     NeverRan,
@@ -133,9 +133,9 @@ fn cell_matches<F, T>(cell: &Cell<F, T>, word: u8) -> bool {
         Cell::Queued { .. } => true,
         Cell::Running { .. } => matches!(word, RUNNING | COMPLETED | PANICKED),
         Cell::Published { .. } | Cell::Taken { .. } => {
-            matches!(word, COMPLETED | PANICKED | CANCELLED | UNSTARTED)
+            matches!(word, COMPLETED | PANICKED | CANCELLED | UNSTARTED | SHED)
         }
-        Cell::NeverRan => matches!(word, CANCELLED | UNSTARTED),
+        Cell::NeverRan => matches!(word, CANCELLED | UNSTARTED | SHED),
     }
 }
 
@@ -235,6 +235,7 @@ where
         let id = self.core.id;
         match self.core.state_word() {
             CANCELLED => Error::Cancelled { id: Some(id) },
+            SHED => Error::Overloaded { id: Some(id) },
             _ => Error::ShuttingDown { id: Some(id) },
         }
     }
@@ -300,7 +301,7 @@ where
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.core.extras()?.deadline
+        self.core.extras()?.deadline.map(|d| d.at)
     }
 
     fn ext(&self, create: bool) -> Option<Arc<StopExt>> {

@@ -15,7 +15,7 @@ use crate::sync::{AtomicBool, AtomicU8, Ordering};
 /// ([`JobCore`]).
 pub(crate) struct Extras {
     pub(crate) name: Option<std::sync::Arc<str>>,
-    pub(crate) deadline: Option<Instant>,
+    pub(crate) deadline: Option<Deadline>,
     pub(crate) group: Option<Membership>,
     pub(crate) lane: Option<LaneRef>,
     /// The limiters the job needs, sorted by id, no repeats.
@@ -49,6 +49,16 @@ impl Drop for Gone {
 /// Without the `tokio-util` feature no job follows a token.
 #[cfg(not(feature = "tokio-util"))]
 pub(crate) type Gone = std::convert::Infallible;
+
+/// A job's deadline.
+#[derive(Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) at: Instant,
+    /// Whether the pool may refuse or shed the job for it
+    /// (state/overload.rs): its abandon policy cancels, so nobody wants it
+    /// late.
+    pub(crate) shed: bool,
+}
 
 /// A keyed job's lane (state/lanes.rs).
 pub(crate) struct LaneRef {
@@ -134,7 +144,7 @@ pub(crate) enum NewCore {
 pub(crate) fn new_core(
     id: JobId,
     name: Option<std::sync::Arc<str>>,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
     group: Option<Key>,
     key: Option<LaneKey>,
     mut limiters: Limiters,
@@ -287,6 +297,13 @@ impl<X: AsRef<[Extras]> + ?Sized> JobCore<X> {
     /// The limiters the job needs (sorted by id).
     pub(crate) fn limiters(&self) -> &[Limiter] {
         self.extras().map_or(&[], |e| e.limiters.as_slice())
+    }
+
+    /// The deadline by which the pool sheds the job, if it may
+    /// (state/overload.rs).
+    pub(crate) fn shed_deadline(&self) -> Option<Instant> {
+        let deadline = self.extras()?.deadline?;
+        deadline.shed.then_some(deadline.at)
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {

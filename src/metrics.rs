@@ -20,8 +20,17 @@ use std::time::Duration;
 pub struct Metrics {
     /// Jobs accepted since the offloader was built.
     pub accepted: u64,
-    /// Jobs refused because the queue was full.
+    /// Jobs refused at once because the queue was full
+    /// ([`Error::Full`](crate::Error::Full)).
     pub rejected_full: u64,
+    /// Callers whose timeout passed while they waited for room in a full
+    /// queue (or for a lagging observer): their jobs were never accepted
+    /// ([`Error::TimedOut`](crate::Error::TimedOut) with `id: None`).
+    pub rejected_timed_out: u64,
+    /// Jobs refused because they could not finish before their deadline
+    /// behind the jobs ahead of them, at the pool's recent run times
+    /// ([`Error::Overloaded`](crate::Error::Overloaded) with `id: None`).
+    pub rejected_overload: u64,
     /// Jobs refused because the offloader was shutting down.
     pub rejected_shutdown: u64,
     /// Jobs refused because no worker thread could be spawned.
@@ -49,10 +58,19 @@ pub struct Metrics {
     pub cancelled: u64,
     /// Terminal: handed back unstarted by an immediate shutdown.
     pub unstarted: u64,
-    /// Directly awaited offloads whose timeout passed before the outcome
-    /// (an owner handle's timeout is the holder's to act on: not counted).
+    /// Terminal: shed at its turn, too near its deadline to finish
+    /// ([`JobState::Shed`](crate::JobState::Shed)); never ran.
+    pub shed: u64,
+    /// Callers whose timeout passed before the outcome of their accepted
+    /// job: an awaited offload's, or an owner handle's
+    /// [`with_timeout`](crate::Offload::with_timeout) (not
+    /// [`wait_timeout`](crate::JobHandle::wait_timeout)'s, which keeps the
+    /// handle waiting).
     pub callers_timed_out: u64,
-    /// Awaiting callers that dropped their future before the outcome.
+    /// Awaiting callers that dropped their future before the outcome, and
+    /// owner handles dropped before it under a policy that cancels (a
+    /// handle dropped under [`Keep`](crate::AbandonPolicy::Keep), or
+    /// detached, is not counted).
     pub callers_dropped: u64,
     /// Of those, jobs that were running when their caller left.
     pub running_after_caller_left: u64,
@@ -74,9 +92,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Jobs in a terminal state: completed, panicked, cancelled or unstarted.
+    /// Jobs in a terminal state: completed, panicked, cancelled, unstarted
+    /// or shed.
     pub fn terminal(&self) -> u64 {
-        self.completed + self.panicked + self.cancelled + self.unstarted
+        self.completed + self.panicked + self.cancelled + self.unstarted + self.shed
     }
 
     /// Callers that stopped waiting before the outcome, by timeout or drop.
@@ -86,7 +105,12 @@ impl Metrics {
 
     /// Jobs refused for any reason.
     pub fn rejected(&self) -> u64 {
-        self.rejected_full + self.rejected_shutdown + self.rejected_spawn + self.rejected_observer
+        self.rejected_full
+            + self.rejected_timed_out
+            + self.rejected_overload
+            + self.rejected_shutdown
+            + self.rejected_spawn
+            + self.rejected_observer
     }
 
     /// `true` if `accepted = queued + running + terminal` holds. It always
@@ -137,6 +161,8 @@ pub struct GroupMetrics {
     pub cancelled: u64,
     /// Terminal: handed back unstarted by an immediate shutdown of the pool.
     pub unstarted: u64,
+    /// Terminal: shed at its turn, too near its deadline to finish.
+    pub shed: u64,
     /// Whether the group has been stopped.
     pub stopped: bool,
     /// Whether the group refuses new jobs (stopped, or a close began).
@@ -144,9 +170,10 @@ pub struct GroupMetrics {
 }
 
 impl GroupMetrics {
-    /// Jobs in a terminal state: completed, panicked, cancelled or unstarted.
+    /// Jobs in a terminal state: completed, panicked, cancelled, unstarted
+    /// or shed.
     pub fn terminal(&self) -> u64 {
-        self.completed + self.panicked + self.cancelled + self.unstarted
+        self.completed + self.panicked + self.cancelled + self.unstarted + self.shed
     }
 
     /// `true` if `accepted = queued + running + terminal` holds. It always
@@ -169,20 +196,23 @@ mod tests {
             rejected_shutdown: 2,
             rejected_spawn: 4,
             rejected_observer: 8,
+            rejected_timed_out: 1 << 13,
+            rejected_overload: 1 << 14,
             callers_timed_out: 16,
             callers_dropped: 32,
             completed: 64,
             panicked: 128,
             cancelled: 256,
             unstarted: 512,
+            shed: 4096,
             queued: 1024,
             running: 2048,
             ..Metrics::default()
         };
-        assert_eq!(m.rejected(), 15);
+        assert_eq!(m.rejected(), 15 + (1 << 13) + (1 << 14));
         assert_eq!(m.callers_left(), 48);
-        assert_eq!(m.terminal(), 960);
-        m.accepted = 1024 + 2048 + 960;
+        assert_eq!(m.terminal(), 960 + 4096);
+        m.accepted = 1024 + 2048 + 960 + 4096;
         assert!(m.ledger_balances());
         m.accepted += 1;
         assert!(!m.ledger_balances());
@@ -192,14 +222,15 @@ mod tests {
             panicked: 2,
             cancelled: 4,
             unstarted: 8,
+            shed: 64,
             queued: 16,
             running: 32,
             ..GroupMetrics::default()
         };
-        assert_eq!(g.terminal(), 15);
-        g.accepted = 63;
+        assert_eq!(g.terminal(), 15 + 64);
+        g.accepted = 63 + 64;
         assert!(g.ledger_balances());
-        g.accepted = 62;
+        g.accepted = 62 + 64;
         assert!(!g.ledger_balances());
     }
 }

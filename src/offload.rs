@@ -12,7 +12,7 @@ use crate::error::{Error, SubmitError};
 use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
-use crate::job_core::{new_core, NewCore};
+use crate::job_core::{new_core, Deadline, NewCore};
 use crate::policy::AbandonPolicy;
 use crate::pool::Offloader;
 use crate::state::Wait;
@@ -210,11 +210,14 @@ where
     /// [`submit`](Self::submit)ted handle it bounds the handle's awaits
     /// (`.await`, not [`wait_timeout`](crate::JobHandle::wait_timeout) or
     /// the blocking waits, which take their own limits), counted from the
-    /// `spawn` or `submit`, until it has passed once (an
-    /// await begun after it passed times out at once; the handle's later
-    /// awaits wait without a limit); such a handle's timeout applies no
-    /// abandon policy and is not counted in
-    /// [`Metrics::callers_timed_out`](crate::Metrics::callers_timed_out).
+    /// `spawn` or `submit`, until it has passed once: then, as for an
+    /// awaited offload, the job follows its abandon policy (an await begun
+    /// after it passed times out at once; the handle's later awaits wait
+    /// without a limit).
+    ///
+    /// Under a policy that cancels, the pool also refuses or sheds the job
+    /// when it cannot finish before this deadline ([`Error::Overloaded`]:
+    /// the guide's "Sizing and overload").
     ///
     /// Needs a tokio runtime with the time driver when awaited.
     pub fn with_timeout(mut self, limit: Duration) -> Self {
@@ -224,7 +227,10 @@ where
 
     /// A deadline for the job itself, shown to the function as
     /// [`StopToken::deadline`] (the earlier of this and the caller's
-    /// timeout). Advisory: the function decides what to do with it.
+    /// timeout). The function decides what to do with it once it runs;
+    /// before that, under an abandon policy that cancels, the pool refuses
+    /// or sheds a job that cannot finish by it ([`Error::Overloaded`]: the
+    /// guide's "Sizing and overload").
     pub fn deadline(mut self, at: Instant) -> Self {
         self.opts.deadline = Some(at);
         self
@@ -274,7 +280,10 @@ where
     /// Submits the job without waiting and returns its owner handle.
     ///
     /// Fails at once, handing the function back, if the queue is full, the
-    /// offloader is shutting down, or no worker thread could be spawned.
+    /// offloader is shutting down, no worker thread could be spawned, or
+    /// the job cannot finish before its deadline ([`Error::Overloaded`]).
+    /// Dropping the handle applies the job's abandon policy
+    /// ([`JobHandle`]'s docs).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -414,6 +423,7 @@ where
             (a, b) => a.or(b),
         };
         let mut opts = self.opts;
+        let policy = opts.policy.unwrap_or(self.pool.inner().config.abandon);
         let group = opts.group.as_ref().map(JobGroup::key);
         // Beside the function, not around it: a refusal hands back the
         // caller's own function.
@@ -426,7 +436,12 @@ where
         let core = new_core(
             crate::id::JobId::next(),
             opts.name.take(),
-            deadline,
+            deadline.map(|at| Deadline {
+                at,
+                // Nobody wants a job late whose policy cancels it when its
+                // caller leaves: the pool may shed it (state/overload.rs).
+                shed: policy != AbandonPolicy::Keep,
+            }),
             group,
             opts.key.take(),
             std::mem::take(&mut opts.limiters),
@@ -434,8 +449,8 @@ where
         );
         let (pool, func) = (self.pool, self.func);
         match core {
-            NewCore::Plain(core) => accept(Arc::new(Job::new(core, func)), pool, opts),
-            NewCore::WithExtras(core) => accept(Arc::new(Job::new(core, func)), pool, opts),
+            NewCore::Plain(core) => accept(Arc::new(Job::new(core, func)), pool, opts, policy),
+            NewCore::WithExtras(core) => accept(Arc::new(Job::new(core, func)), pool, opts, policy),
         }
     }
 }
@@ -446,6 +461,7 @@ fn accept<F, T, const N: usize>(
     job: Arc<Job<F, T, N>>,
     pool: Offloader,
     mut opts: Options,
+    policy: AbandonPolicy,
 ) -> Result<JobHandle<T>, (Error, Offload<F, T>)>
 where
     F: FnOnce(&StopToken) -> T + Send + 'static,
@@ -467,7 +483,7 @@ where
         let task: Arc<dyn crate::job::Task> = job.clone();
         follow.watch(&task, &inner);
     }
-    Ok(JobHandle::new(job, inner))
+    Ok(JobHandle::new(job, inner, policy))
 }
 
 impl<F, T> fmt::Debug for Offload<F, T> {

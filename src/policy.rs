@@ -7,8 +7,14 @@
 /// Waiting is not owning: whatever the policy, the permit stays held until
 /// the function really returns. Set on the
 /// [`Builder`](crate::Builder::abandon_policy), overridable per call with
-/// [`Offload::on_abandon`](crate::Offload::on_abandon). Applies to a directly awaited offload; an owner
-/// [`JobHandle`](crate::JobHandle) that is dropped always detaches.
+/// [`Offload::on_abandon`](crate::Offload::on_abandon). Applies to a directly
+/// awaited offload and to an owner [`JobHandle`](crate::JobHandle) alike: its
+/// holder leaves when its timeout passes or it is dropped
+/// ([`JobHandle::detach`](crate::JobHandle::detach) keeps the job).
+///
+/// A policy that cancels also says the job is unwanted late: with a
+/// deadline, the pool refuses or sheds it when it cannot finish in time
+/// (the guide's "Sizing and overload").
 ///
 /// # Why the default is `Keep`
 ///

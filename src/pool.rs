@@ -168,6 +168,15 @@ impl Offloader {
         self.inner().lock().workers.inject_spawn_failures(n);
     }
 
+    /// Test hook (feature `test-hooks`, as above): the pool keeps no
+    /// estimate of run times, so it judges no job's deadline (for tests
+    /// that predict every refusal, whatever the machine's speed).
+    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
+    pub fn __judge_no_deadlines(&self) {
+        self.inner().lock().judge_no_deadlines();
+    }
+
     /// Test hook (feature `test-hooks`, as above): the next `n` spawns of
     /// the observer's delivery thread fail as if the OS had refused them
     /// (`EAGAIN`).
@@ -292,6 +301,7 @@ impl Inner {
             events,
             release,
             dead,
+            shed,
             idle_groups,
             limiter_wakes,
             find_worker,
@@ -332,6 +342,9 @@ impl Inner {
         if events || settled {
             self.ring();
         }
+        // Jobs shed at their turn: their functions dropped, their callers
+        // told (state/overload.rs).
+        self.discard_cancelled(shed);
     }
 
     /// Wakes the observer's delivery thread; a ring already pending is
@@ -478,26 +491,25 @@ impl Inner {
         Ok(())
     }
 
-    /// Why a caller that waited `waited` for admission finally gave up: the
-    /// observer's lag if that is what holds admission back now, else a full
-    /// queue.
+    /// The error of a caller whose timeout passed after `waited` while it
+    /// waited for admission (for room, or for a lagging observer): its job
+    /// was never accepted.
     pub(crate) fn gave_up_waiting(&self, waited: Duration) -> Error {
-        match self.lock().observer_behind() {
-            Some(lag) => Error::ObserverBehind { lag },
-            None => Error::TimedOut {
-                id: None,
-                waited,
-                state: None,
-                fate: crate::Fate::Cancelled,
-            },
+        Error::TimedOut {
+            id: None,
+            waited,
+            state: None,
+            fate: crate::Fate::Cancelled,
         }
     }
 
-    /// Counts a refusal that the caller reports (a full queue or a lagging
-    /// observer, for good).
+    /// Counts a refusal that the caller reports: a full queue or a lagging
+    /// observer, for good, or its timeout while it waited for room. (The
+    /// other refusals are counted where they are decided.)
     pub(crate) fn count_refusal(&self, reason: &Error) {
         match reason {
-            Error::Full { .. } | Error::TimedOut { .. } => self.lock().count_full(),
+            Error::Full { .. } => self.lock().count_full(),
+            Error::TimedOut { .. } => self.lock().count_timed_out_waiting(),
             Error::ObserverBehind { .. } => self.lock().count_observer_behind(),
             _ => {}
         }

@@ -221,7 +221,9 @@ impl Inner {
             // The last worker stays while jobs are queued that a limiter's
             // permit may yet start (lanes.rs L4): it holds the pool alive
             // for them, after a shutdown too.
-            if s.is_shutdown() && !s.must_keep_worker() {
+            // (A start that shed jobs leaves them to discard: this worker
+            // looks again after that, below.)
+            if s.is_shutdown() && after.shed.is_empty() && !s.must_keep_worker() {
                 if searching {
                     s.workers.end_search();
                 }

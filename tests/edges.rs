@@ -397,7 +397,8 @@ async fn a_waiting_submit_keeps_its_timeout() {
         other => panic!("expected a timeout never accepted, got {other:?}"),
     }
     assert_eq!(err.into_inner()(&offloader::StopToken::new()), 5);
-    assert_eq!(pool.metrics().rejected_full, 1);
+    let m = pool.metrics();
+    assert_eq!((m.rejected_timed_out, m.rejected_full), (1, 0), "{m:?}");
     occupied.release().await;
 }
 

@@ -285,12 +285,12 @@ async fn awaiting_mut_handle_after_its_spawned_timeout() {
     let err = within("first await", &mut h).await.unwrap_err();
     assert_timed_out(&err, JobState::Running);
     assert_eq!(err.job_id(), Some(h.id()));
-    // A handle's own timeout does not abandon the job.
+    // Under the default policy (`Keep`) the handle's timeout keeps the job.
     assert!(!h.is_stop_requested());
     assert_eq!(h.state(), JobState::Running);
     assert_eq!(pool.metrics().cancelled, 0);
-    // Nor is it counted as a caller who timed out (Metrics docs).
-    assert_eq!(pool.metrics().callers_timed_out, 0);
+    // It is counted as a caller who timed out (Metrics docs).
+    assert_eq!(pool.metrics().callers_timed_out, 1);
 
     // Later awaits wait without the limit.
     g.open();

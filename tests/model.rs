@@ -819,6 +819,7 @@ struct MJob {
 struct Counts {
     accepted: u64,
     rejected_full: u64,
+    rejected_timed_out: u64,
     rejected_shutdown: u64,
     completed: u64,
     panicked: u64,
@@ -1503,6 +1504,9 @@ struct Slot {
     timer: bool,
     /// Its outcome was taken by an earlier wait.
     taken: bool,
+    /// Its holder left at its spawned time-out (the policy was applied
+    /// then): dropping it does nothing more.
+    left: bool,
 }
 
 /// A producer waiting for room in `submit().await`.
@@ -1616,6 +1620,10 @@ impl Harness {
             b = b.observer(s.clone());
         }
         let pool = b.build().expect("valid configuration");
+        // The model predicts every refusal; a refusal for a deadline rests
+        // on measured run times, which it cannot predict (tests/overload.rs
+        // checks those).
+        pool.__judge_no_deadlines();
         let group = pool.group();
         let groups = Some([group.clone(), group.child()]);
         Harness {
@@ -1896,6 +1904,11 @@ impl Harness {
                 ("unstarted", c.unstarted, m.unstarted),
                 ("rejected_full", c.rejected_full, m.rejected_full),
                 (
+                    "rejected_timed_out",
+                    c.rejected_timed_out,
+                    m.rejected_timed_out,
+                ),
+                (
                     "rejected_shutdown",
                     c.rejected_shutdown,
                     m.rejected_shutdown,
@@ -2044,6 +2057,7 @@ impl Harness {
                     handle,
                     timer: false,
                     taken: false,
+                    left: false,
                 });
             }
             Err(e) => {
@@ -2359,7 +2373,14 @@ impl Harness {
                 if let Some(i) = self.pick(h) {
                     let s = self.slots.remove(i);
                     self.note(format!(" -> job {}", s.tag));
+                    // Dropping the handle leaves under the pool's policy,
+                    // quietly under `Keep` (a detach).
+                    let policy = self.model.policy;
+                    if !s.left && policy != AbandonPolicy::Keep {
+                        self.model.abandon(s.tag, policy, false);
+                    }
                     drop(s);
+                    self.model.advance();
                 }
             }
             Op::Detach(h) => {
@@ -3282,6 +3303,7 @@ impl Harness {
                     handle,
                     timer: timeout,
                     taken: false,
+                    left: false,
                 });
             }
             Some(refusal) => {
@@ -3347,6 +3369,7 @@ impl Harness {
                     handle,
                     timer: false,
                     taken: false,
+                    left: false,
                 });
             }
             Some(Refusal::ShuttingDown) => {
@@ -3451,7 +3474,7 @@ impl Harness {
                     ok,
                     "offload on a full queue: expected a timeout never accepted, got {got:?}"
                 );
-                self.model.c.rejected_full += 1;
+                self.model.c.rejected_timed_out += 1;
                 self.note(" -> the queue stayed full".to_owned());
             }
             None if finishes => {
@@ -3534,6 +3557,13 @@ impl Harness {
         if st.terminal() {
             self.check_outcome("await", tag, taken, &got);
             self.slots[i].taken = true;
+        } else if timer && !self.slots[i].left {
+            // The handle's own time-out: its holder leaves, under the
+            // pool's policy.
+            let fate = self.model.abandon(tag, self.model.policy, true);
+            self.slots[i].left = true;
+            self.check_timed_out("await", tag, st.job_state(), fate, &got);
+            self.model.advance();
         } else {
             self.check_timed_out("await", tag, st.job_state(), Fate::Kept, &got);
         }

@@ -182,9 +182,8 @@ impl Observer for HoldsCancels {
 
 /// A caller that gives up waiting for room on an observed pool whose
 /// observer is within its lag times out never accepted (`TimedOut { id: None, .. }`), counted in
-/// `rejected_full`, even if the room freed just then went to another
-/// waiter: `ObserverBehind` only when the observer's lag holds admission
-/// back (`State::observer_behind`).
+/// `rejected_timed_out`, even if the room freed just then went to another
+/// waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_room_waiter_is_refused_full_when_the_observer_keeps_up() {
     let (delivering_tx, mut delivering) = signal();
@@ -229,7 +228,11 @@ async fn a_timed_out_room_waiter_is_refused_full_when_the_observer_keeps_up() {
         err.reason()
     );
     let m = pool.metrics();
-    assert_eq!((m.rejected_full, m.rejected_observer), (1, 0), "{m:?}");
+    assert_eq!(
+        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
+        (1, 0, 0),
+        "{m:?}"
+    );
     observer_gate.open();
     let admitted = within("the first caller", first).await.expect("room");
     occupied.release().await;
@@ -237,10 +240,8 @@ async fn a_timed_out_room_waiter_is_refused_full_when_the_observer_keeps_up() {
 }
 
 /// A caller that gives up waiting for room while the queue is full *and*
-/// the observer lags times out never accepted: room, not the
-/// observer, is what it waited for, and the observer catching up would not
-/// let it in (kills the mutant of `waiting_for_permit` that counts one
-/// waiting job whatever the queue holds, which reported `ObserverBehind`).
+/// the observer lags times out never accepted, counted as a timed-out wait
+/// for room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_timed_out_on_a_full_queue_is_refused_full_though_the_observer_lags() {
     let (observer_gate, hold) = gate();
@@ -279,7 +280,11 @@ async fn a_caller_timed_out_on_a_full_queue_is_refused_full_though_the_observer_
         err.reason()
     );
     let m = pool.metrics();
-    assert_eq!((m.rejected_full, m.rejected_observer), (1, 0), "{m:?}");
+    assert_eq!(
+        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
+        (1, 0, 0),
+        "{m:?}"
+    );
     observer_gate.open();
     occupied.release().await;
     for (i, job) in queued.into_iter().enumerate() {

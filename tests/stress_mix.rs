@@ -114,6 +114,10 @@ fn classify(idx: usize, r: Result<Result<usize, Stopped>, Error>) -> Result<Seen
         Err(Error::TimedOut { fate, .. }) => Seen::TimedOut(fate),
         Err(Error::Full { .. }) => Seen::Rejected("full"),
         Err(Error::ShuttingDown { id: None }) => Seen::Rejected("shutting down"),
+        // Too near its deadline (a tiny timeout under a policy that
+        // cancels): refused, or shed at its turn; never ran either way.
+        Err(Error::Overloaded { id: None }) => Seen::Rejected("overloaded"),
+        Err(Error::Overloaded { id: Some(_) }) => Seen::Rejected("shed at its turn"),
         Err(other) => return Err(format!("job {idx}: unexpected error {other:?}")),
     })
 }
@@ -437,7 +441,7 @@ async fn run_mix(seed: u64) -> Vec<usize> {
     );
     assert_eq!(
         m.accepted,
-        m.completed + m.panicked + m.cancelled + m.unstarted,
+        m.completed + m.panicked + m.cancelled + m.unstarted + m.shed,
         "seed {seed}: {m:?}"
     );
     assert_eq!(

@@ -3,7 +3,8 @@
 //! sketches of fence pairs F1–F3, is in `src/fast/README.md`.
 //!
 //! A *plain* job is one of no group (its name, key, limiters, timeout or
-//! deadline do not matter), not following a token cancelled
+//! deadline do not matter, unless the pool judges its deadline:
+//! state/overload.rs), not following a token cancelled
 //! already, in a pool without an observer or a stuck-job monitor: nothing
 //! about its admission but the queue bound and the shutdown needs the
 //! pool's state. While the intake is *open*, such a job is appended to

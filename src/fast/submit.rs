@@ -29,9 +29,10 @@ impl Intake {
         cancelled: bool,
     ) -> Result<Passed, Arc<dyn Task>> {
         // A group's admission (stopped? closed?) is decided with the job's
-        // accept, under the lock; so is a job cancelled as it is accepted.
+        // accept, under the lock; so is a job cancelled as it is accepted,
+        // and one judged for its deadline (state/overload.rs).
         let core = task.core();
-        if cancelled || core.membership().is_some() {
+        if cancelled || core.membership().is_some() || core.shed_deadline().is_some() {
             return Err(task);
         }
         if !count.reserve_at_intake(capacity) {

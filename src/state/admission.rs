@@ -16,19 +16,33 @@ impl State {
     /// fewer than `queue_capacity` jobs *waiting for a permit*: queued jobs
     /// that a free permit will start at once are not waiting. The refusals
     /// for good come first: a caller told "full" waits for room, and must
-    /// not wait for it through a stopped group.
+    /// not wait for it through a stopped group, nor when it would miss its
+    /// deadline behind the callers already waiting (overload.rs). A job
+    /// that would miss its deadline behind the jobs ahead of it is refused
+    /// too.
     pub(crate) fn admit(&mut self, core: &JobCore, cancelled: bool) -> Result<(), Error> {
         if self.shutdown {
             self.counts.rejected_shutdown += 1;
             return Err(Error::ShuttingDown { id: None });
         }
         self.group_admits(core)?;
-        self.reserve(core, cancelled)?;
+        if let Err(full) = self.reserve(core, cancelled) {
+            if self.would_miss_at_admission(core, self.ahead_of_a_room_waiter()) {
+                self.counts.rejected_overload += 1;
+                return Err(Error::Overloaded { id: None });
+            }
+            return Err(full);
+        }
         if self.observe && self.events.lag() >= self.observer_lag {
             self.bound.unreserve();
             return Err(Error::ObserverBehind {
                 lag: self.events.lag(),
             });
+        }
+        if !cancelled && self.would_miss_at_admission(core, self.waiting_for_permit()) {
+            self.bound.unreserve();
+            self.counts.rejected_overload += 1;
+            return Err(Error::Overloaded { id: None });
         }
         Ok(())
     }
@@ -74,14 +88,6 @@ impl State {
             self.refresh_intake();
         }
         reserved
-    }
-
-    /// How far the observer lags, if that (and not a full queue) is what
-    /// holds admission back now.
-    pub(crate) fn observer_behind(&self) -> Option<usize> {
-        let behind = self.observe && self.events.lag() >= self.observer_lag;
-        let full = self.waiting_for_permit() >= self.bound.capacity();
-        (behind && !full).then(|| self.events.lag())
     }
 
     /// Permits free now that have a worker to run them: while the OS
@@ -175,6 +181,11 @@ impl State {
     /// Counts a refusal the caller reports: a full queue, for good.
     pub(crate) fn count_full(&mut self) {
         self.counts.rejected_full += 1;
+    }
+
+    /// Counts a caller whose timeout passed while it waited for room.
+    pub(crate) fn count_timed_out_waiting(&mut self) {
+        self.counts.rejected_timed_out += 1;
     }
 
     /// Counts a refusal for an observer that fell behind.

@@ -26,7 +26,7 @@
 
 use super::{After, Room, State};
 use crate::error::Error;
-use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
+use crate::id::{CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, SHED, UNSTARTED};
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::metrics::GroupMetrics;
@@ -190,6 +190,7 @@ impl State {
                 PANICKED => n.panicked += 1,
                 CANCELLED => n.cancelled += 1,
                 UNSTARTED => n.unstarted += 1,
+                SHED => n.shed += 1,
                 _ => debug_assert!(false, "not a state a job moves to"),
             }
         });

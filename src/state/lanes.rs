@@ -227,8 +227,12 @@ impl State {
     /// then passes on the grant the lane was readied by if the job does not
     /// need it (the second value: passed only once the start holds its pool
     /// permit, so the pool does not count that permit free for the grant);
-    /// `None` if no lane is startable.
+    /// `None` if no lane is startable, or if a job was shed (overload.rs:
+    /// the caller looks again once `after` is carried out).
     pub(super) fn lane_pop(&mut self, after: &mut After) -> Option<(Key, Option<Limiter>)> {
+        // Read once, at the first job that may be shed.
+        let mut now = None;
+        let mut shed = false;
         loop {
             let lane_key = self.ring.front()?;
             let lane = self.lanes.get_mut(lane_key)?;
@@ -242,6 +246,22 @@ impl State {
                 self.bury(lane_key, key, after);
                 continue;
             }
+            // A job too near its deadline to finish is shed at its turn
+            // (overload.rs); then nothing starts in this critical section,
+            // so that no job is marked started while the shed functions'
+            // drops run after unlocking. The worker looks again after them.
+            if task.core().shed_deadline().is_some() {
+                let task = task.clone();
+                if self.shed_at_turn(task.core(), &mut now, after) {
+                    shed = true;
+                    continue;
+                }
+            }
+            if shed {
+                return None;
+            }
+            let lane = self.lanes.get_mut(lane_key)?;
+            let task = self.jobs.get(key)?;
             let limiters = task.core().limiters();
             if !limiters.is_empty() {
                 if let Err(full) = try_acquire_all(limiters, &self.watcher) {

@@ -109,6 +109,7 @@ mod intake;
 pub(crate) use groups::StoppedJobs;
 mod lanes;
 pub(crate) use lanes::KeyLimits;
+mod overload;
 pub(crate) use lanes::OwnWaitMark;
 mod queries;
 mod tombstones;
@@ -138,6 +139,9 @@ pub(crate) struct After {
     pub(crate) release: Option<Arc<dyn Task>>,
     /// Tombstones unlinked from the queue (S2), dropped after unlocking.
     pub(crate) dead: Vec<Arc<dyn Task>>,
+    /// Jobs shed at their turn (overload.rs): their functions to discard
+    /// and outcomes to publish after unlocking.
+    pub(crate) shed: Vec<Arc<dyn Task>>,
     /// Job groups that became idle: their waiters to wake.
     pub(crate) idle_groups: Vec<std::sync::Arc<crate::wait_list::WaitList>>,
     /// Limiters whose permits were given back: the pools to tell.
@@ -157,6 +161,7 @@ impl After {
             events,
             release,
             dead,
+            shed,
             idle_groups,
             limiter_wakes,
             find_worker,
@@ -167,15 +172,18 @@ impl After {
             && !events
             && release.is_none()
             && dead.is_empty()
+            && shed.is_empty()
             && idle_groups.is_empty()
             && limiter_wakes.is_empty()
             && !find_worker
     }
 
     /// Whether carrying this out runs foreign code (waiters' wakers; a
-    /// limiter's permit given to another pool, which wakes its waiters).
+    /// limiter's permit given to another pool, which wakes its waiters; a
+    /// shed job's function dropped).
     pub(crate) fn runs_foreign_code(&self) -> bool {
         self.room != Room::None
+            || !self.shed.is_empty()
             || self.settled
             || !self.idle_groups.is_empty()
             || !self.limiter_wakes.is_empty()
@@ -243,6 +251,8 @@ pub(crate) enum Worker {
 struct Counts {
     accepted: u64,
     rejected_full: u64,
+    rejected_timed_out: u64,
+    rejected_overload: u64,
     rejected_shutdown: u64,
     rejected_spawn: u64,
     rejected_observer: u64,
@@ -251,6 +261,7 @@ struct Counts {
     panicked: u64,
     cancelled: u64,
     unstarted: u64,
+    shed: u64,
     callers_timed_out: u64,
     callers_dropped: u64,
     running_after_caller_left: u64,
@@ -316,6 +327,8 @@ pub(crate) struct State {
     draining: bool,
     events: EventQueue,
     counts: Counts,
+    /// Recent run times, for overload's decisions (overload.rs).
+    pace: overload::Pace,
     /// The pool's intake (fast/intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
@@ -362,6 +375,7 @@ impl State {
             draining: false,
             events: EventQueue::default(),
             counts: Counts::default(),
+            pace: overload::Pace::default(),
             intake,
         }
     }

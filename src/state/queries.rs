@@ -35,6 +35,8 @@ impl State {
         Metrics {
             accepted: c.accepted,
             rejected_full: c.rejected_full,
+            rejected_timed_out: c.rejected_timed_out,
+            rejected_overload: c.rejected_overload,
             rejected_shutdown: c.rejected_shutdown,
             rejected_spawn: c.rejected_spawn,
             rejected_observer: c.rejected_observer,
@@ -47,6 +49,7 @@ impl State {
             panicked: c.panicked,
             cancelled: c.cancelled,
             unstarted: c.unstarted,
+            shed: c.shed,
             callers_timed_out: c.callers_timed_out,
             callers_dropped: c.callers_dropped,
             running_after_caller_left: c.running_after_caller_left,

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use super::{After, State, Worker};
-use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, UNSTARTED};
+use crate::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, SHED, UNSTARTED};
 use crate::job::Task;
 use crate::job_core::JobCore;
 use crate::observer::EventKind;
@@ -23,7 +23,9 @@ impl State {
     /// Transition *start*: pops the next queued job and moves it to
     /// `Running`, taking its permit (S1, S2). `now` (from `now_ns`) is when
     /// it starts: a worker that just finished a job reads the clock once
-    /// for both.
+    /// for both. Starts nothing if it shed jobs at their turn (overload.rs):
+    /// the caller carries out `after` (which discards them), then looks
+    /// again.
     pub(crate) fn start(&mut self, now: u64, after: &mut After) -> Option<Arc<dyn Task>> {
         if self.draining {
             return None;
@@ -66,6 +68,7 @@ impl State {
         after.release = self.jobs.remove(key);
         self.lane_finished(core, after);
         self.counts.run_time_total += ran;
+        self.record_run(core, panicked, ran);
         self.unpublished += 1;
         let (state, word) = if panicked {
             self.counts.panicked += 1;
@@ -86,17 +89,39 @@ impl State {
     /// `Cancelled`, leaving it in the queue as a tombstone (S2); `true` if
     /// it did. The caller then discards the function after unlocking.
     pub(crate) fn cancel_queued(&mut self, core: &JobCore, after: &mut After) -> bool {
-        if !core.transition(QUEUED, CANCELLED) {
+        self.leave_queue_unrun(core, CANCELLED, after)
+    }
+
+    /// Transition *shed* (overload.rs): as *cancel-queued*, to `Shed`; the
+    /// job is handed out in `after` to be discarded after unlocking.
+    pub(super) fn shed(&mut self, core: &JobCore, after: &mut After) -> bool {
+        // Taken first: as a tombstone it may be unlinked at once (S2).
+        let task = self.jobs.get(core.key()).cloned();
+        if !self.leave_queue_unrun(core, SHED, after) {
+            return false;
+        }
+        after.shed.extend(task);
+        true
+    }
+
+    /// Moves the queued job of `core` to the terminal `word` (`Cancelled`
+    /// or `Shed`), leaving it in the queue as a tombstone (S2).
+    fn leave_queue_unrun(&mut self, core: &JobCore, word: u8, after: &mut After) -> bool {
+        if !core.transition(QUEUED, word) {
             return false;
         }
         self.queued -= 1;
         self.tombstones += 1;
         self.lane_cancelled(core, after);
         self.bound.left_queue(1);
-        self.counts.cancelled += 1;
+        if word == SHED {
+            self.counts.shed += 1;
+        } else {
+            self.counts.cancelled += 1;
+        }
         self.unpublished += 1;
-        self.group_moved(core, QUEUED, CANCELLED);
-        self.event(core, EventKind::Finished(JobState::Cancelled), after);
+        self.group_moved(core, QUEUED, word);
+        self.event(core, EventKind::Finished(JobState::from_u8(word)), after);
         self.room_freed(after);
         self.release_kept_worker(after);
         true

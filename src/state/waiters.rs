@@ -53,6 +53,11 @@ impl Waiters {
         }
     }
 
+    /// How many callers wait for room.
+    pub(super) fn room_count(&self) -> usize {
+        self.room
+    }
+
     /// Whether a caller waits for room.
     pub(super) fn for_room(&self) -> bool {
         self.room > 0

@@ -1,0 +1,442 @@
+//! Overload: a job that cannot finish before its deadline is refused at
+//! once or shed at its turn, never run late; waiting for room that cannot
+//! help is refused at once; an owner handle's timeout and drop apply its
+//! abandon policy; the refusals are counted apart.
+//!
+//! The pool's estimate of a run is set by a first job that runs for `RUN`
+//! (its own length, which the estimate measures: not an ordering); then a
+//! run *needs* about `2 × RUN` (mean plus twice the first deviation,
+//! `RUN / 2`), or more if that first run overran.
+
+mod support;
+
+use std::future::IntoFuture;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use offloader::{AbandonPolicy, Error, Fate, JobState, Offloader};
+use support::*;
+
+/// How long the first run takes, which sets the pool's estimate.
+const RUN: Duration = Duration::from_millis(100);
+
+/// A pool of `max` permits and `capacity` queue places whose estimate of a
+/// run is `RUN` (the first run's), under `policy`.
+async fn paced(max: usize, capacity: usize, policy: AbandonPolicy) -> Offloader {
+    let pool = builder(max, capacity)
+        .abandon_policy(policy)
+        .build()
+        .unwrap();
+    within(
+        "the pacing run",
+        pool.offload(|_stop| std::thread::sleep(RUN)),
+    )
+    .await
+    .unwrap();
+    pool
+}
+
+/// Waits until `at` has passed (time passing, not an ordering of events).
+fn until(at: Instant) {
+    while Instant::now() < at {
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// A queued job whose turn comes with less time left than a run needs is
+/// shed: it never runs, its caller gets `Overloaded` with its id at its
+/// turn, not at its deadline, and the next job starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_turn_comes_too_late_is_shed_and_the_next_starts() {
+    for policy in [AbandonPolicy::CancelIfQueued, AbandonPolicy::CancelAndStop] {
+        let pool = paced(1, 8, policy).await;
+        let (gate, hold) = gate();
+        let (started, mut starts) = signal();
+        let busy = pool
+            .offload(gated(&hold, &started, "busy", |_| ()))
+            .spawn()
+            .unwrap();
+        recv("busy runs", &mut starts).await;
+        // Two seconds left: admitted behind the one running job.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let ran = flag();
+        let r = ran.clone();
+        let doomed = pool
+            .offload(move |_stop| r.store(true, Ordering::SeqCst))
+            .deadline(deadline)
+            .spawn()
+            .unwrap();
+        let next = pool.offload(|_stop| "next").spawn().unwrap();
+        // Its turn comes with at most 50 ms left, under the 200 ms a run
+        // needs.
+        until(deadline - Duration::from_millis(50));
+        gate.open();
+        let err = within("the shed job", doomed).await.unwrap_err();
+        assert!(err.is_busy(), "{err}");
+        assert!(matches!(err, Error::Overloaded { id: Some(_) }), "{err:?}");
+        assert!(
+            Instant::now() < deadline,
+            "told at its turn, not its deadline"
+        );
+        assert_eq!(within("the next job", next).await.unwrap(), "next");
+        within("busy", busy).await.unwrap();
+        within("idle", pool.idle()).await;
+        assert!(!ran.load(Ordering::SeqCst), "a shed job never runs");
+        let m = pool.metrics();
+        assert_eq!((m.shed, m.completed, m.max_running), (1, 3, 1), "{m:?}");
+        assert_ledger(&m);
+    }
+}
+
+/// A shed job reads `Shed` on its handle, and its message says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shed_job_reads_shed() {
+    let pool = paced(1, 8, AbandonPolicy::CancelIfQueued).await;
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut doomed = pool.offload(|_stop| ()).deadline(deadline).spawn().unwrap();
+    until(deadline - Duration::from_millis(50));
+    gate.open();
+    let err = within("the shed job", &mut doomed).await.unwrap_err();
+    assert_eq!(doomed.state(), JobState::Shed);
+    assert!(err.to_string().contains("was not started"), "{err}");
+    assert_eq!(err.job_id(), Some(doomed.id()));
+    within("busy", busy).await.unwrap();
+}
+
+/// Under `Keep` nobody said the job is unwanted late: it runs, however late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_job_is_never_shed_or_refused_for_time() {
+    let pool = paced(1, 200, AbandonPolicy::Keep).await;
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    // A hundred jobs of 100 ms ahead would take 10 s on one permit.
+    let late: Vec<_> = (0..100)
+        .map(|_| {
+            pool.offload(|_stop| ())
+                .deadline(deadline)
+                .spawn()
+                .expect("kept jobs are not refused for time")
+        })
+        .collect();
+    until(deadline);
+    gate.open();
+    for job in late {
+        within("a late job", job).await.unwrap();
+    }
+    within("busy", busy).await.unwrap();
+    let m = pool.metrics();
+    assert_eq!((m.shed, m.rejected_overload), (0, 0), "{m:?}");
+}
+
+/// A job that would miss its deadline behind the jobs queued ahead of it
+/// is refused at once with `Overloaded` (`id: None`), counted apart from a
+/// full queue; a job without a deadline is still accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once() {
+    let pool = paced(1, 1000, AbandonPolicy::CancelIfQueued).await;
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    // With 10 s left, jobs of at least 100 ms each fit about 98 deep on one
+    // permit; a first run that overran 100 ms by up to 100 ms halves that.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut queued = Vec::new();
+    let refused = loop {
+        match pool.offload(|_stop| ()).deadline(deadline).spawn() {
+            Ok(job) => queued.push(job),
+            Err(e) => break e.into_parts().0,
+        }
+        assert!(queued.len() <= 100, "no job was refused");
+    };
+    assert!(
+        matches!(refused, Error::Overloaded { id: None }),
+        "{refused:?}"
+    );
+    assert!(refused.is_busy());
+    assert!((45..=99).contains(&queued.len()), "{} queued", queued.len());
+    // No deadline: nothing to miss.
+    let plain = pool.offload(|_stop| ()).spawn().expect("accepted");
+    let m = pool.metrics();
+    assert_eq!((m.rejected_overload, m.rejected_full), (1, 0), "{m:?}");
+    for job in queued {
+        job.cancel();
+    }
+    gate.open();
+    within("plain", plain).await.unwrap();
+    within("busy", busy).await.unwrap();
+}
+
+/// An awaiting caller refused for a full queue waits for room only if it
+/// could still finish in time after the whole bound: otherwise it is
+/// refused at once (`Overloaded`), not at its timeout (`TimedOut`). One
+/// with time enough waits, and gets its outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
+    let pool = paced(1, 2, AbandonPolicy::CancelAndStop).await;
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    // Two queued jobs fill the bound (no deadline: never refused for time).
+    let fill: Vec<_> = (0..2)
+        .map(|_| pool.offload(|_stop| ()).spawn().unwrap())
+        .collect();
+    // Two jobs ahead (200 ms) and its own run (200 ms) do not fit in 300 ms.
+    let err = within(
+        "the refusal",
+        pool.offload(|_stop| ())
+            .with_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Overloaded { id: None }), "{err:?}");
+    let m = pool.metrics();
+    assert_eq!((m.rejected_overload, m.rejected_timed_out), (1, 0), "{m:?}");
+    // Ten seconds: waiting helps.
+    let patient = tokio::spawn(
+        pool.offload(|_stop| "in time")
+            .with_timeout(Duration::from_secs(10))
+            .into_future(),
+    );
+    gate.open();
+    assert_eq!(
+        within("the patient caller", patient)
+            .await
+            .unwrap()
+            .unwrap(),
+        "in time"
+    );
+    for job in fill {
+        within("a filler", job).await.unwrap();
+    }
+    within("busy", busy).await.unwrap();
+}
+
+/// A full queue refused at once and a wait for room that timed out are
+/// counted apart; a caller whose wait for room times out while the observer
+/// lags is told it timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_and_timed_out_waiting_are_counted_apart() {
+    let pool = pool(1, 1);
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    let queued = pool.offload(|_stop| ()).spawn().unwrap();
+    let full = pool.offload(|_stop| ()).spawn().unwrap_err().into_parts().0;
+    assert!(matches!(full, Error::Full { .. }), "{full:?}");
+    let waited = within(
+        "a timed-out wait for room",
+        pool.offload(|_stop| ())
+            .with_timeout(Duration::from_millis(20)),
+    )
+    .await
+    .unwrap_err();
+    assert!(waited.is_timeout(), "{waited:?}");
+    let m = pool.metrics();
+    assert_eq!((m.rejected_full, m.rejected_timed_out), (1, 1), "{m:?}");
+    assert_eq!(m.callers_timed_out, 0, "its job was never accepted");
+    gate.open();
+    within("queued", queued).await.unwrap();
+    within("busy", busy).await.unwrap();
+}
+
+/// Dropping an owner handle applies the job's abandon policy: a queued job
+/// is cancelled under `CancelIfQueued` and never runs, counted as a caller
+/// that left; `detach` keeps it; under `Keep`, dropping detaches quietly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_handle_applies_its_policy_and_detach_keeps_the_job() {
+    for (policy, detach, runs, dropped) in [
+        (AbandonPolicy::CancelIfQueued, false, false, 1),
+        (AbandonPolicy::CancelAndStop, false, false, 1),
+        (AbandonPolicy::CancelIfQueued, true, true, 0),
+        (AbandonPolicy::Keep, false, true, 0),
+    ] {
+        let pool = pool(1, 8);
+        let (gate, hold) = gate();
+        let (started, mut starts) = signal();
+        let busy = pool
+            .offload(gated(&hold, &started, (), |_| ()))
+            .spawn()
+            .unwrap();
+        recv("busy runs", &mut starts).await;
+        let ran = flag();
+        let r = ran.clone();
+        let job = pool
+            .offload(move |_stop| r.store(true, Ordering::SeqCst))
+            .on_abandon(policy)
+            .spawn()
+            .unwrap();
+        if detach {
+            job.detach();
+        } else {
+            drop(job);
+        }
+        gate.open();
+        within("busy", busy).await.unwrap();
+        within("idle", pool.idle()).await;
+        let m = pool.metrics();
+        let case = format!("{policy:?}, detach: {detach}: {m:?}");
+        assert_eq!(ran.load(Ordering::SeqCst), runs, "{case}");
+        assert_eq!(m.cancelled, u64::from(!runs), "{case}");
+        assert_eq!(m.callers_dropped, dropped, "{case}");
+    }
+}
+
+/// Dropping the handle of a running job under `CancelAndStop` stops it; the
+/// job keeps its permit until its function returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_running_job_s_handle_under_cancel_and_stop_stops_it() {
+    let pool = pool(1, 8);
+    let (_gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let (stopped_tx, mut stopped) = signal();
+    let job = pool
+        .offload(move |stop| {
+            let stopped = gated_or_stop(&hold, &started, ())(stop);
+            let _ = stopped_tx.send(stopped);
+        })
+        .on_abandon(AbandonPolicy::CancelAndStop)
+        .spawn()
+        .unwrap();
+    recv("the job runs", &mut starts).await;
+    drop(job);
+    assert!(
+        recv("the job returns", &mut stopped).await,
+        "it saw the stop"
+    );
+    within("idle", pool.idle()).await;
+    let m = pool.metrics();
+    assert_eq!((m.stop_requests, m.callers_dropped), (1, 1), "{m:?}");
+}
+
+/// An owner handle's `with_timeout` applies the policy when it passes, and
+/// counts as a caller that timed out: under `CancelAndStop` the running
+/// job is stopped; under `Keep` it goes on and the handle still gets its
+/// outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_s_timeout_applies_its_policy_and_is_counted() {
+    for (policy, fate) in [
+        (AbandonPolicy::CancelAndStop, Fate::StopRequested),
+        (AbandonPolicy::Keep, Fate::Kept),
+    ] {
+        let pool = pool(1, 8);
+        let (gate, hold) = gate();
+        let (started, mut starts) = signal();
+        let mut job = pool
+            .offload(gated_or_stop(&hold, &started, ()))
+            .with_timeout(Duration::from_millis(20))
+            .on_abandon(policy)
+            .spawn()
+            .unwrap();
+        recv("the job runs", &mut starts).await;
+        let err = within("the handle's timeout", &mut job).await.unwrap_err();
+        assert!(
+            matches!(err, Error::TimedOut { fate: f, .. } if f == fate),
+            "{policy:?}: {err:?}"
+        );
+        gate.open();
+        let stopped = within("the outcome", job).await.unwrap();
+        assert_eq!(stopped, fate == Fate::StopRequested, "{policy:?}");
+        let m = pool.metrics();
+        assert_eq!(m.callers_timed_out, 1, "{policy:?}: {m:?}");
+    }
+}
+
+/// Under load, a caller that left under `CancelIfQueued` before its job
+/// started never sees it run: every job whose wait ended with
+/// `Fate::Cancelled` never ran, and no more than the limit ever ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_job_whose_caller_left_never_holds_a_permit() {
+    let pool = builder(2, 10_000)
+        .abandon_policy(AbandonPolicy::CancelIfQueued)
+        .build()
+        .unwrap();
+    let probe = Concurrency::default();
+    let mut rng = Rng::new(7);
+    let mut calls = Vec::new();
+    for i in 0..2_000u64 {
+        let ran = flag();
+        let (r, p) = (ran.clone(), probe.clone());
+        let timeout = Duration::from_micros(rng.below(2_000));
+        let call = pool
+            .offload(move |_stop| {
+                let _in = p.enter();
+                r.store(true, Ordering::SeqCst);
+                std::hint::black_box(i);
+            })
+            .with_timeout(timeout);
+        calls.push(tokio::spawn(async move { (call.await, ran) }));
+    }
+    let mut cancelled = 0;
+    for call in calls {
+        let (outcome, ran) = within("a caller", call).await.unwrap();
+        if let Err(Error::TimedOut {
+            fate: Fate::Cancelled,
+            id: Some(_),
+            ..
+        }) = outcome
+        {
+            cancelled += 1;
+            assert!(!ran.load(Ordering::SeqCst), "a cancelled job ran");
+        }
+    }
+    within("idle", pool.idle()).await;
+    assert!(probe.max() <= 2, "{} at once", probe.max());
+    let m = pool.metrics();
+    assert_eq!(m.cancelled, cancelled, "{m:?}");
+    assert_ledger(&m);
+}
+
+/// A graceful shutdown with a doomed job queued sheds it at its turn and
+/// still terminates: the worker that shed it does not retire with jobs
+/// left, nor hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_sheds_a_doomed_job_and_terminates() {
+    let pool = paced(1, 8, AbandonPolicy::CancelIfQueued).await;
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let doomed = pool.offload(|_stop| ()).deadline(deadline).spawn().unwrap();
+    let after = pool.offload(|_stop| "after").spawn().unwrap();
+    pool.shutdown();
+    until(deadline - Duration::from_millis(50));
+    gate.open();
+    within("terminated", pool.terminated()).await;
+    assert!(matches!(
+        doomed.await,
+        Err(Error::Overloaded { id: Some(_) })
+    ));
+    assert_eq!(after.await.unwrap(), "after");
+    within("busy", busy).await.unwrap();
+    let m = pool.metrics();
+    assert_eq!((m.shed, m.completed), (1, 3), "{m:?}");
+}

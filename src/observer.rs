@@ -109,6 +109,7 @@ use crate::job_core::JobCore;
 /// let pool = Offloader::builder().observer(watch.clone()).build()?;
 /// watch.pool.set(pool.downgrade()).ok();
 /// pool.offload(|_stop| ()).await?;
+/// pool.idle().await; // every event delivered: the observer holds no upgrade
 /// let weak = pool.downgrade();
 /// drop(pool); // the observer's weak handle does not keep it open
 /// assert!(weak.upgrade().is_none());

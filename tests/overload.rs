@@ -101,13 +101,52 @@ async fn a_shed_job_reads_shed() {
     recv("busy runs", &mut starts).await;
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut doomed = pool.offload(|_stop| ()).deadline(deadline).spawn().unwrap();
+    let behind = pool.offload(|_stop| ()).spawn().unwrap();
     until(deadline - Duration::from_millis(50));
     gate.open();
     let err = within("the shed job", &mut doomed).await.unwrap_err();
     assert_eq!(doomed.state(), JobState::Shed);
     assert!(err.to_string().contains("was not started"), "{err}");
     assert_eq!(err.job_id(), Some(doomed.id()));
+    within("behind", behind).await.unwrap();
     within("busy", busy).await.unwrap();
+}
+
+/// A job is judged only when another could use its place: the last job
+/// queued starts at its turn however little time it has left, and a job
+/// offered to an idle pool runs, whatever the estimate says (so one long
+/// run cannot leave the pool refusing every job: each run it finishes
+/// corrects the estimate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_nobody_else_could_use_the_place_of_is_never_judged() {
+    let pool = paced(1, 8, AbandonPolicy::CancelIfQueued).await;
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let busy = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .spawn()
+        .unwrap();
+    recv("busy runs", &mut starts).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let last = pool
+        .offload(|_stop| "last")
+        .deadline(deadline)
+        .spawn()
+        .unwrap();
+    until(deadline - Duration::from_millis(50));
+    gate.open();
+    assert_eq!(within("the last job", last).await.unwrap(), "last");
+    within("busy", busy).await.unwrap();
+    // An idle pool: 150 ms left, under the 200 ms a run needs, yet it
+    // runs; and so do the next ones, whose runs bring the estimate down.
+    for _ in 0..20 {
+        let quick = pool
+            .offload(|_stop| "quick")
+            .with_timeout(Duration::from_millis(150));
+        assert_eq!(within("a quick job", quick).await.unwrap(), "quick");
+    }
+    let m = pool.metrics();
+    assert_eq!((m.shed, m.rejected_overload), (0, 0), "{m:?}");
 }
 
 /// Under `Keep` nobody said the job is unwanted late: it runs, however late.

@@ -20,6 +20,12 @@
 //! leave and still want the work done, so such a job is never refused or
 //! shed for time.
 //!
+//! And a job is judged only when another job could use its place: not at
+//! admission if it would start at once on a free permit, nor at its turn
+//! if no other job is queued. A pool that is not overloaded runs whatever
+//! it is given, and every run it finishes corrects the estimate: one very
+//! long run cannot leave the pool refusing every job for good.
+//!
 //! The estimate is the mean and mean deviation of recent run times, as TCP
 //! estimates a round trip (RFC 6298: gains 1/8 and 1/4): a run *needs*
 //! `mean + 2·deviation`, and the jobs ahead take `mean` each, `permits` at
@@ -109,6 +115,9 @@ impl State {
         let Some(need) = self.pace.need() else {
             return false;
         };
+        if self.would_start_at_once(core, self.free_permits()) {
+            return false;
+        }
         let wait = self.pace.wait_behind(ahead, self.max_in_flight);
         let left = deadline.saturating_duration_since(Instant::now());
         left < wait.saturating_add(need)
@@ -123,10 +132,11 @@ impl State {
     }
 
     /// At its turn, sheds the queued job of `core` if too little time is
-    /// left before its deadline for a run: transition *shed*, `Queued →
-    /// Shed`, as a cancel (S2: it stays linked as a tombstone), its
-    /// function discarded after unlocking. `true` if it did. `now` is read
-    /// once per start, when the first job that may be shed is seen.
+    /// left before its deadline for a run and another job is queued to
+    /// take its place: transition *shed*, `Queued → Shed`, as a cancel
+    /// (S2: it stays linked as a tombstone), its function discarded after
+    /// unlocking. `true` if it did. `now` is read once per start, when the
+    /// first job that may be shed is seen.
     pub(super) fn shed_at_turn(
         &mut self,
         core: &JobCore,
@@ -139,6 +149,9 @@ impl State {
         let Some(need) = self.pace.need() else {
             return false;
         };
+        if self.queued < 2 {
+            return false;
+        }
         let now = *now.get_or_insert_with(Instant::now);
         if deadline.saturating_duration_since(now) >= need {
             return false;

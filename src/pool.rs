@@ -226,7 +226,7 @@ impl fmt::Debug for Offloader {
 /// What every clone of a pool and every job handle share.
 pub(crate) struct Inner {
     pub(crate) config: Config,
-    /// The pool lock (ARCHITECTURE.md "A job's path, naming each lock").
+    /// The pool lock (docs/ARCHITECTURE.md "Locks").
     /// It and the two hints below are on lines of their own, away from the
     /// fields submitters read.
     state: Padded<Mutex<State>>,
@@ -253,7 +253,7 @@ pub(crate) struct Inner {
     pub(crate) caller_spin: crate::fast::caller_spin::CallerSpin,
     /// Set while a worker spins for work (worker.rs `claim_spin`): one
     /// spins at a time, so that idle workers do not take every core from
-    /// the threads that submit (ARCHITECTURE.md "Spinning"). A hint: no
+    /// the threads that submit (fast/README.md §3). A hint: no
     /// decision of the wake protocol rests on it.
     pub(crate) spinner: Padded<std::sync::atomic::AtomicBool>,
     /// Holds tokio's paused test clock while callers wait on this pool's

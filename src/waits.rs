@@ -9,7 +9,7 @@ use crate::pool::Inner;
 use crate::state::Wait;
 
 /// A function of a pool blocked waiting for a queued job of the same pool
-/// (ARCHITECTURE.md "Waiting from inside the pool"); dropping it ends the
+/// (src/README.md "Waiting from inside the pool"); dropping it ends the
 /// wait's registration.
 pub(crate) struct OwnWait<'a> {
     inner: &'a Inner,

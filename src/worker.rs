@@ -1,7 +1,7 @@
 //! Worker threads: the loop that runs jobs, the wake-up protocol that finds
 //! a worker for every queued job, spinning, and thread spawning.
 //!
-//! ARCHITECTURE.md ("Waking workers") describes the protocol; in short,
+//! state/README.md ("Waking workers") describes the protocol; in short,
 //! after Go's scheduler: `searching` counts workers that are awake without
 //! a job and will look at the queue under the lock before they park. A
 //! submitter wakes a parked worker (or spawns one, below `max_in_flight`)
@@ -310,7 +310,7 @@ impl Inner {
     }
 
     /// Takes this worker out of the pool as its last act, and joins the
-    /// threads that retired before it (ARCHITECTURE.md "Termination").
+    /// threads that retired before it (src/README.md "Termination").
     fn retire(&self, mut s: crate::sync::MutexGuard<'_, State>, slot: Key, mut after: After) {
         let earlier = s.retire(slot, &mut after);
         drop(s);

@@ -1,5 +1,5 @@
 //! The awaiting caller's short spin for the outcome of a job it just
-//! submitted (ARCHITECTURE.md "Spinning"): when recent jobs were short, a
+//! submitted (fast/README.md §4): when recent jobs were short, a
 //! caller looks for the outcome for a few microseconds before it parks,
 //! since a wake-up of a parked async thread costs more than a short job.
 //!
@@ -10,7 +10,7 @@
 //! 9.7–10 µs with the spin and 5.8–6.7 µs without, and 5.5 µs with the
 //! rule below (`docs/perf/history/2026-12-05-caller-spin-ab.txt`; 1.4 µs in steady
 //! quiet rounds with and without it; in bursts after idle it costs, see
-//! ARCHITECTURE.md "Spinning"). So callers count the spins in a row that
+//! fast/README.md §6). So callers count the spins in a row that
 //! found no outcome; after
 //! [`MISSES`] of them they stop spinning, and spin again once in
 //! [`PROBE`] awaits to learn whether spinning pays again (one spin that

@@ -1,13 +1,15 @@
 //! The pool's locked state, with one method per transition.
 //!
 //! Everything the pool knows about its jobs and threads lives in [`State`],
-//! behind the pool's one mutex, with private fields. Each transition of
-//! ARCHITECTURE.md's job and worker protocols is one method that updates
-//! the queue, the counters, the observer's event queue and the job's state
-//! word together, and records in an [`After`] the work to do once the lock
-//! is released: threads to unpark, waiters to wake, events to deliver, a
-//! job whose outcome must be published. The caller runs it with
-//! `Inner::after` (pool.rs).
+//! behind the pool's one mutex, with private fields. Each transition of a
+//! job's path (`docs/ARCHITECTURE.md`) and of the protocols argued in
+//! `README.md` beside this file (waking workers, lanes, the queue bound,
+//! overload, the drain) is one method that updates the queue, the
+//! counters, the observer's event queue and the job's state word together,
+//! and records in an [`After`] the work to do once the lock is released:
+//! threads to unpark, waiters to wake, events to deliver, a job whose
+//! outcome must be published. The caller runs it with `Inner::after`
+//! (pool.rs).
 //!
 //! Parts of it are sub-states that own their fields, each in its own file:
 //! [`Workers`] (the threads), [`Bound`] (the queue bound's count and
@@ -232,7 +234,7 @@ pub(crate) enum Room {
 }
 
 /// Where a new or unclaimed job's worker comes from (the wake protocol,
-/// ARCHITECTURE.md "Waking workers").
+/// state/README.md "Waking workers").
 pub(crate) enum Worker {
     /// A worker is already searching; it will find the job.
     Searching,

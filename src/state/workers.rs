@@ -1,6 +1,6 @@
 //! [`Workers`]: the pool's threads as the locked state sees them. The wake
-//! protocol's bookkeeping (searching and parked workers, ARCHITECTURE.md
-//! "Waking workers"), the threads' handles for termination, the monitor's
+//! protocol's bookkeeping (searching and parked workers, `README.md`
+//! beside this file, "Waking workers"), the threads' handles for termination, the monitor's
 //! and the delivery thread's flags, and the spawn-failure test hooks.
 //!
 //! Every change of the searching, parked or live counts is published to the
@@ -87,7 +87,7 @@ impl Workers {
     }
 
     /// Makes sure some worker will look at the queue: a searching one, a
-    /// claimed parked one, or a new one (ARCHITECTURE.md "Waking workers").
+    /// claimed parked one, or a new one (state/README.md "Waking workers").
     pub(crate) fn find(&mut self) -> Worker {
         let worker = self.find_counted();
         self.publish();

@@ -32,7 +32,8 @@ use crate::sync::Arc;
 /// published. That drop runs on the worker between jobs: a value whose
 /// `Drop` blocks holds that worker (and with it the next job it would
 /// start) for as long. Under `CancelIfQueued` or `CancelAndStop`, a
-/// dropped handle cancels its queued job (and stops a running one);
+/// dropped handle cancels its queued job (its function is dropped then, on
+/// the dropping thread) or, under `CancelAndStop`, stops a running one;
 /// [`detach`](Self::detach) keeps the job whatever the policy.
 ///
 /// ```

@@ -6,18 +6,20 @@
 //!            ┌──────────── start (worker) ────────────┐
 //!  Queued ───┤                                        ▼
 //!            ├── cancel (owner/policy) ──▶ Cancelled   Running ──▶ Completed
-//!            └── shutdown_now ───────────▶ Unstarted          └──▶ Panicked
+//!            ├── shed at its turn ───────▶ Shed               └──▶ Panicked
+//!            └── shutdown_now ───────────▶ Unstarted
 //! ```
 //!
 //! # Invariants
 //!
 //! 1. The state word leaves `Queued` exactly once, by one check-and-store
 //!    made under the pool lock (`JobCore::transition`); `Running`,
-//!    `Cancelled` and `Unstarted` all start with that move, so a job is never
+//!    `Cancelled`, `Shed` and `Unstarted` all start with that move, so a job is never
 //!    both cancelled and run (ARCHITECTURE.md invariant 3).
 //! 2. The function is taken out of its cell only by the thread whose move won:
 //!    the worker that moved the job to `Running` calls it, the thread that
-//!    moved it to `Cancelled`/`Unstarted` drops it.
+//!    moved it to `Cancelled`/`Shed`/`Unstarted` drops it (for `Shed`,
+//!    the worker that shed it, after unlocking).
 //! 3. The outcome is published once, under the slot lock, after the state
 //!    word is terminal; a waiter registers under the same lock, so either it
 //!    sees the outcome or the publisher sees (and wakes) the waiter: no

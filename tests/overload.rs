@@ -479,3 +479,85 @@ async fn a_shutdown_sheds_a_doomed_job_and_terminates() {
     let m = pool.metrics();
     assert_eq!((m.shed, m.completed), (1, 3), "{m:?}");
 }
+
+/// Jobs held back by their key's limit cannot take a free permit: a
+/// request behind them is neither refused nor shed while permits sit idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_held_back_by_their_key_do_not_get_a_request_shed_on_idle_permits() {
+    let pool = builder(4, 64)
+        .key_limit("A", 1)
+        .abandon_policy(AbandonPolicy::CancelIfQueued)
+        .build()
+        .unwrap();
+    within(
+        "the pacing run",
+        pool.offload(|_stop| std::thread::sleep(RUN)),
+    )
+    .await
+    .unwrap();
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let a1 = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .key("A")
+        .spawn()
+        .unwrap();
+    recv("a1 runs", &mut starts).await;
+    let a2 = pool.offload(|_stop| ()).key("A").spawn().unwrap();
+    // 150 ms left, under the 200 ms a run needs, with three permits idle.
+    for _ in 0..20 {
+        let request = pool
+            .offload(|_stop| "served")
+            .with_timeout(Duration::from_millis(150));
+        assert_eq!(within("a request", request).await.unwrap(), "served");
+    }
+    let m = pool.metrics();
+    assert_eq!((m.shed, m.rejected_overload), (0, 0), "{m:?}");
+    gate.open();
+    within("a1", a1).await.unwrap();
+    within("a2", a2).await.unwrap();
+}
+
+/// A burst of one key is not ahead of another key's job (keys take turns):
+/// admission judges a job behind its own lane's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_s_burst_does_not_get_another_key_s_job_refused() {
+    let pool = builder(1, 1000)
+        .abandon_policy(AbandonPolicy::CancelIfQueued)
+        .build()
+        .unwrap();
+    // Key B's lane learns that its runs take `RUN`.
+    let pace_b = pool.offload(|_stop| std::thread::sleep(RUN)).key("B");
+    within("B's pacing run", pace_b).await.unwrap();
+    let (gate, hold) = gate();
+    let (started, mut starts) = signal();
+    let a = pool
+        .offload(gated(&hold, &started, (), |_| ()))
+        .key("A")
+        .spawn()
+        .unwrap();
+    recv("a runs", &mut starts).await;
+    // 200 jobs of A would take 20 s at B's pace: not B's concern.
+    let burst: Vec<_> = (0..200)
+        .map(|_| {
+            pool.offload(|_stop| ())
+                .key("A")
+                .on_abandon(AbandonPolicy::Keep)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let b = pool
+        .offload(|_stop| "b")
+        .key("B")
+        .with_timeout(Duration::from_secs(5))
+        .spawn()
+        .expect("B's lane is empty: it starts at its turn");
+    gate.open();
+    assert_eq!(within("b", b).await.unwrap(), "b");
+    within("a", a).await.unwrap();
+    for job in burst {
+        within("a burst job", job).await.unwrap();
+    }
+    assert_eq!(pool.metrics().rejected_overload, 0);
+}

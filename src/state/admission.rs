@@ -27,7 +27,7 @@ impl State {
         }
         self.group_admits(core)?;
         if let Err(full) = self.reserve(core, cancelled) {
-            if self.would_miss_at_admission(core, self.ahead_of_a_room_waiter()) {
+            if self.would_miss_at_admission(core, Some(self.ahead_of_a_room_waiter())) {
                 self.counts.rejected_overload += 1;
                 return Err(Error::Overloaded { id: None });
             }
@@ -39,7 +39,7 @@ impl State {
                 lag: self.events.lag(),
             });
         }
-        if !cancelled && self.would_miss_at_admission(core, self.waiting_for_permit()) {
+        if !cancelled && self.would_miss_at_admission(core, None) {
             self.bound.unreserve();
             self.counts.rejected_overload += 1;
             return Err(Error::Overloaded { id: None });

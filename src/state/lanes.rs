@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 
+use super::overload::Pace;
 use super::{After, State};
 use crate::id::QUEUED;
 use crate::job_core::{JobCore, LaneRef};
@@ -75,6 +76,8 @@ pub(super) struct Lane {
     /// Its running functions blocked waiting for one of its queued jobs
     /// (waits.rs `enter_own_wait`).
     own_waiters: usize,
+    /// How long its runs take (overload.rs).
+    pace: Pace,
 }
 
 impl Lane {
@@ -92,6 +95,7 @@ impl Lane {
             woken_by: None,
             contrib: 0,
             own_waiters: 0,
+            pace: Pace::default(),
         }
     }
 
@@ -201,6 +205,22 @@ impl State {
             l.set_slot(slot);
         }
         found
+    }
+
+    /// For overload.rs: the estimate, the queued jobs and the permits of
+    /// the lane a new job of `core` would join, if it exists yet.
+    pub(super) fn lane_load(&self, core: &JobCore) -> Option<(&Pace, usize, usize)> {
+        let lane = match core.lane() {
+            None => self.lanes.get(DEFAULT_LANE),
+            Some(l) => self.find_lane(l).and_then(|k| self.lanes.get(k)),
+        }?;
+        Some((&lane.pace, lane.queued, lane.limit.min(self.max_in_flight)))
+    }
+
+    /// For overload.rs: the estimate of the lane of the queued or running
+    /// job of `core`.
+    pub(super) fn lane_pace(&mut self, core: &JobCore) -> Option<&mut Pace> {
+        Some(&mut self.lanes.get_mut(Self::lane_of(core))?.pace)
     }
 
     /// Whether a new job of `core` would start as soon as it is queued: it

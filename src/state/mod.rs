@@ -329,8 +329,9 @@ pub(crate) struct State {
     draining: bool,
     events: EventQueue,
     counts: Counts,
-    /// Recent run times, for overload's decisions (overload.rs).
-    pace: overload::Pace,
+    /// Whether jobs are judged for their deadlines (overload.rs; off only
+    /// by a test hook).
+    judge: bool,
     /// The pool's intake (fast/intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
@@ -377,7 +378,7 @@ impl State {
             draining: false,
             events: EventQueue::default(),
             counts: Counts::default(),
-            pace: overload::Pace::default(),
+            judge: true,
             intake,
         }
     }

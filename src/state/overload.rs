@@ -1,16 +1,17 @@
-//! Overload: the pool's estimate of how long a run takes ([`Pace`]), and
-//! the two decisions it feeds, so that a pool under more load than it can
-//! serve refuses early and finishes what it starts instead of running
+//! Overload: an estimate of how long a run takes ([`Pace`], one per lane),
+//! and the two decisions it feeds, so that a pool under more load than it
+//! can serve refuses early and finishes what it starts instead of running
 //! work whose caller is gone:
 //!
 //! - **admission** ([`State::would_miss_at_admission`]): a job is refused
 //!   ([`Error::Overloaded`](crate::Error::Overloaded), `id: None`) when the
-//!   jobs ahead of it and its own run would take longer than the time left
-//!   before its deadline. A caller refused for a full queue is judged as if
-//!   it waited behind the whole bound and every caller already waiting for
-//!   room: if waiting cannot help, it is refused now, not at its timeout.
+//!   jobs queued ahead of it in its lane, sharing the permits its lane may
+//!   use, and its own run would take longer than the time left before its
+//!   deadline. A caller refused for a full queue is judged as if it waited
+//!   behind the whole bound and every caller already waiting for room: if
+//!   waiting cannot help, it is refused now, not at its timeout.
 //! - **start** ([`State::shed_at_turn`]): a job whose turn comes with less
-//!   time left than a run takes is *shed*: `Queued → Shed`, like a cancel,
+//!   time left than a run needs is *shed*: `Queued → Shed`, like a cancel,
 //!   and its caller gets [`Error::Overloaded`](crate::Error::Overloaded)
 //!   with its id. It never takes a permit.
 //!
@@ -20,19 +21,23 @@
 //! leave and still want the work done, so such a job is never refused or
 //! shed for time.
 //!
-//! And a job is judged only when another job could use its place: not at
+//! And a job is judged only when other jobs would use its place: not at
 //! admission if it would start at once on a free permit, nor at its turn
-//! if no other job is queued. A pool that is not overloaded runs whatever
-//! it is given, and every run it finishes corrects the estimate: one very
-//! long run cannot leave the pool refusing every job for good.
+//! unless the other startable queued jobs would take every free permit,
+//! its own included. A pool that is not overloaded runs whatever it is
+//! given, and every run it finishes corrects the estimate: one very long
+//! run cannot leave the pool refusing every job for good.
 //!
-//! The estimate is the mean and mean deviation of recent run times, as TCP
-//! estimates a round trip (RFC 6298: gains 1/8 and 1/4): a run *needs*
-//! `mean + 2·deviation`, and the jobs ahead take `mean` each, `permits` at
-//! a time. Only runs that ended on their own count: a function stopped at
-//! its caller's timeout ran short, and counting it would make the pool
-//! think runs are quicker than they are just when it is overloaded.
-//! Until a first run has ended there is no estimate and nothing is judged.
+//! The estimate is the mean and mean deviation of the lane's recent run
+//! times (a key's lane, a set of limiters' lane, or the default lane of
+//! every other job), as TCP estimates a round trip (RFC 6298: gains 1/8
+//! and 1/4): a run *needs* `mean + 2·deviation`, and the jobs ahead take
+//! `mean` each, as many at a time as the lane may run. A run that was
+//! stopped (its caller's timeout, say) ran at least that long: it counts
+//! only if it is longer than the mean, so that stopped runs can raise the
+//! estimate but never pull it down just when the pool is overloaded. A
+//! run that panicked does not count. Until a lane's first run has ended
+//! it has no estimate and nothing in it is judged.
 
 use std::time::{Duration, Instant};
 
@@ -45,15 +50,14 @@ pub(super) struct Pace {
     mean: u64,
     dev: u64,
     known: bool,
-    /// Test hook: no estimate is kept.
-    off: bool,
 }
 
 impl Pace {
-    /// Counts a run of `ran` that ended on its own.
-    pub(super) fn record(&mut self, ran: Duration) {
+    /// Counts a run of `ran`; a `stopped` one only if it raises the mean
+    /// (it would have run longer).
+    pub(super) fn record(&mut self, ran: Duration, stopped: bool) {
         let ran = u64::try_from(ran.as_nanos()).unwrap_or(u64::MAX);
-        if self.off {
+        if stopped && self.known && ran <= self.mean {
             return;
         }
         if !self.known {
@@ -87,38 +91,39 @@ impl Pace {
 }
 
 impl State {
-    /// Test hook (`Offloader::__judge_no_deadlines`): forgets the estimate
-    /// and keeps none.
+    /// Test hook (`Offloader::__judge_no_deadlines`): no job is judged.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn judge_no_deadlines(&mut self) {
-        self.pace = Pace {
-            off: true,
-            ..Pace::default()
-        };
+        self.judge = false;
     }
 
-    /// Counts the run time of a job whose function returned on its own
-    /// (not stopped, not panicked) in the pool's estimate.
+    /// Counts the run time of the finished job of `core` in its lane's
+    /// estimate (while the job still holds its lane).
     pub(super) fn record_run(&mut self, core: &JobCore, panicked: bool, ran: Duration) {
-        if !panicked && !core.is_stop_requested() {
-            self.pace.record(ran);
+        let stopped = core.is_stop_requested();
+        if let Some(pace) = self.lane_pace(core).filter(|_| !panicked) {
+            pace.record(ran, stopped);
         }
     }
 
-    /// Whether the new job of `core` would miss its deadline behind
-    /// `ahead` jobs waiting for a permit: refused then. Not with a free
-    /// permit it would take at once.
-    pub(super) fn would_miss_at_admission(&self, core: &JobCore, ahead: usize) -> bool {
+    /// Whether the new job of `core` would miss its deadline: behind the
+    /// jobs queued in its lane, or behind `ahead` jobs if given (a caller
+    /// that would wait for room). Refused then. Not with a free permit it
+    /// would take at once.
+    pub(super) fn would_miss_at_admission(&self, core: &JobCore, ahead: Option<usize>) -> bool {
         let Some(deadline) = core.shed_deadline() else {
             return false;
         };
-        let Some(need) = self.pace.need() else {
-            return false;
-        };
-        if self.would_start_at_once(core, self.free_permits()) {
+        if !self.judge || self.would_start_at_once(core, self.free_permits()) {
             return false;
         }
-        let wait = self.pace.wait_behind(ahead, self.max_in_flight);
+        let Some((pace, queued, permits)) = self.lane_load(core) else {
+            return false;
+        };
+        let Some(need) = pace.need() else {
+            return false;
+        };
+        let wait = pace.wait_behind(ahead.unwrap_or(queued), permits);
         let left = deadline.saturating_duration_since(Instant::now());
         left < wait.saturating_add(need)
     }
@@ -132,11 +137,11 @@ impl State {
     }
 
     /// At its turn, sheds the queued job of `core` if too little time is
-    /// left before its deadline for a run and another job is queued to
-    /// take its place: transition *shed*, `Queued → Shed`, as a cancel
-    /// (S2: it stays linked as a tombstone), its function discarded after
-    /// unlocking. `true` if it did. `now` is read once per start, when the
-    /// first job that may be shed is seen.
+    /// left before its deadline for a run and the other startable queued
+    /// jobs would take every free permit: transition *shed*, `Queued →
+    /// Shed`, as a cancel (S2: it stays linked as a tombstone), its
+    /// function discarded after unlocking. `true` if it did. `now` is read
+    /// once per start, when the first job that may be shed is seen.
     pub(super) fn shed_at_turn(
         &mut self,
         core: &JobCore,
@@ -146,12 +151,13 @@ impl State {
         let Some(deadline) = core.shed_deadline() else {
             return false;
         };
-        let Some(need) = self.pace.need() else {
-            return false;
-        };
-        if self.queued < 2 {
+        // This job is one of the startable ones.
+        if !self.judge || self.startable_queued.saturating_sub(1) < self.free_permits() {
             return false;
         }
+        let Some(need) = self.lane_pace(core).and_then(|p| p.need()) else {
+            return false;
+        };
         let now = *now.get_or_insert_with(Instant::now);
         if deadline.saturating_duration_since(now) >= need {
             return false;
@@ -171,13 +177,13 @@ mod tests {
     fn the_estimate_follows_runs_as_tcp_follows_round_trips() {
         let mut p = Pace::default();
         assert_eq!(p.need(), None);
-        p.record(Duration::from_millis(80));
+        p.record(Duration::from_millis(80), false);
         assert_eq!((p.mean, p.dev), (80_000_000, 40_000_000));
         assert_eq!(p.need(), Some(Duration::from_millis(160)));
-        p.record(Duration::from_millis(160));
+        p.record(Duration::from_millis(160), false);
         // gap 80 ms: dev = 40 - 10 + 20 = 50; mean = 80 + 10 = 90.
         assert_eq!((p.mean, p.dev), (90_000_000, 50_000_000));
-        p.record(Duration::from_millis(10));
+        p.record(Duration::from_millis(10), false);
         // gap 80 ms: dev = 50 - 12.5 + 20 = 57.5; mean = 90 - 10 = 80.
         assert_eq!((p.mean, p.dev), (80_000_000, 57_500_000));
         assert_eq!(p.need(), Some(Duration::from_millis(195)));
@@ -191,18 +197,33 @@ mod tests {
     fn steady_runs_converge() {
         let mut p = Pace::default();
         for _ in 0..200 {
-            p.record(Duration::from_millis(20));
+            p.record(Duration::from_millis(20), false);
         }
         assert_eq!(p.mean, 20_000_000);
         assert!(p.dev < 1_000, "{}", p.dev);
+    }
+
+    /// A stopped run ran at least that long: it raises the mean, never
+    /// lowers it; the first run sets the estimate, stopped or not.
+    #[test]
+    fn a_stopped_run_only_raises_the_estimate() {
+        let mut p = Pace::default();
+        p.record(Duration::from_millis(100), true);
+        assert_eq!(p.mean, 100_000_000);
+        p.record(Duration::from_millis(50), true);
+        assert_eq!(p.mean, 100_000_000, "a short stopped run says nothing");
+        p.record(Duration::from_millis(180), true);
+        assert_eq!(p.mean, 110_000_000, "a long one raises it");
+        p.record(Duration::from_millis(30), false);
+        assert_eq!(p.mean, 100_000_000, "a finished run counts either way");
     }
 
     /// Extreme runs saturate instead of overflowing.
     #[test]
     fn extreme_runs_saturate() {
         let mut p = Pace::default();
-        p.record(Duration::MAX);
-        p.record(Duration::ZERO);
+        p.record(Duration::MAX, false);
+        p.record(Duration::ZERO, false);
         assert!(p.need().is_some());
         assert!(p.wait_behind(usize::MAX, 1) > Duration::ZERO);
     }

@@ -66,9 +66,9 @@ impl State {
         let key = core.key();
         self.jobs.unlink(&mut self.running, key);
         after.release = self.jobs.remove(key);
+        self.record_run(core, panicked, ran);
         self.lane_finished(core, after);
         self.counts.run_time_total += ran;
-        self.record_run(core, panicked, ran);
         self.unpublished += 1;
         let (state, word) = if panicked {
             self.counts.panicked += 1;

@@ -74,6 +74,11 @@ def figures(work, run, meta):
                 polls.append(json.loads(line))
             except ValueError:
                 pass
+    # What else ran: the machine's busy CPU during the run less the
+    # server's and oha's, in cores (CLK_TCK 100).
+    with open(os.path.join(work, name + ".cpu")) as f:
+        wall, busy_ticks, server_ticks, oha_cpu = (float(v) for v in f.read().split())
+    others = max(0.0, (busy_ticks - server_ticks) / 100 - oha_cpu) / wall
     ok = [ms for status, ms in answers if status == 200]
     busy = [ms for status, ms in answers if status == 503]
     due = round(rate * seconds)
@@ -105,6 +110,9 @@ def figures(work, run, meta):
         "still_running": final.get("running"),
         "useful_pct": 100 * len(ok) / started if started else None,
         "pool": pool_metrics(final.get("pool")),
+        "server_cores": server_ticks / 100 / wall,
+        "oha_cores": oha_cpu / wall,
+        "others_cores": others,
         "command": command(work, name),
     }
 
@@ -113,6 +121,7 @@ NUMERIC = [
     "rate", "goodput", "busy_pct", "ok_p50_ms", "ok_p99_ms", "ok_p999_ms",
     "busy_p99_ms", "max_in_flight", "threads_max", "rss_peak_mb", "started",
     "finished", "interrupted", "useful_pct", "no_answer", "other",
+    "server_cores", "oha_cores", "others_cores",
 ]
 
 
@@ -332,6 +341,12 @@ def report(work, prefix):
         f"![goodput against offered load]({base}.svg)",
         "",
         table(summary),
+        "",
+        f"Other processes used {fmt(statistics.median(r['others_cores'] for r in runs), 2)} cores "
+        f"during the median run (max {fmt(max(r['others_cores'] for r in runs), 2)}, in "
+        f"`{max(runs, key=lambda r: r['others_cores'])['variant']}` at "
+        f"{max(runs, key=lambda r: r['others_cores'])['factor']}×); oha "
+        f"{fmt(statistics.median(r['oha_cores'] for r in runs), 2)} cores (median). The JSON has these per run.",
         "",
         "Columns: goodput is 200s per second of the run; `503 %` of the answered requests; latencies are "
         "per status from oha's per-request CSV, counted from when each request was due "

@@ -25,6 +25,8 @@
 # 5. During a run /stats is read twice a second (threads, RSS); after it, the
 #    script waits up to 5 s for running queries to end and reads /stats once
 #    more (most queries at once, started, finished, interrupted; peak RSS).
+#    The machine's busy CPU time during the run, less the server's and
+#    oha's, is what else ran: reported per run as "others' CPU".
 # 6. benches/service/report.py writes docs/perf/service-<date>.{json,md,svg}
 #    (OUT overrides the prefix) and prints the table.
 #
@@ -39,10 +41,11 @@ CAPACITY_SECONDS=${CAPACITY_SECONDS:-10}
 TIMEOUT_MS=${TIMEOUT_MS:-100}
 QUERY_MS=${QUERY_MS:-20}
 CONNECTIONS=${CONNECTIONS:-1000}
-PORT=${PORT:-39100}
+PORT=${PORT:-21000}
 OUT=${OUT:-docs/perf/service-$(date -u +%F)}
 
 began=$(date +%s)
+TIMEFORMAT='%3U %3S' # `time`: oha's user and system CPU seconds
 work=$(mktemp -d)
 server=""
 poller=""
@@ -68,18 +71,24 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "load average before: $load_before"
 
 # Starts the example on a port of its own: start VARIANT TIMEOUT_MS [ARGS...]
+# Ports below the kernel's ephemeral range (oha's 1000 connections take
+# ports from it); the next one if the port is taken all the same.
 start() {
   local variant=$1 timeout=$2
   shift 2
-  PORT=$((PORT + 1))
-  local args=(--addr "127.0.0.1:$PORT" --timeout-ms "$timeout" "$@")
-  [ "$variant" = naive ] && args+=(--naive)
-  "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
-  server=$!
-  url="http://127.0.0.1:$PORT"
-  for _ in $(seq 100); do
-    curl -sf -m 1 "$url/stats" >/dev/null && return 0
-    sleep 0.1
+  for _ in 1 2 3 4 5; do
+    PORT=$((PORT + 1))
+    local args=(--addr "127.0.0.1:$PORT" --timeout-ms "$timeout" "$@")
+    [ "$variant" = naive ] && args+=(--naive)
+    "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
+    server=$!
+    url="http://127.0.0.1:$PORT"
+    for _ in $(seq 100); do
+      curl -sf -m 1 "$url/stats" >/dev/null && return 0
+      kill -0 "$server" 2>/dev/null || break
+      sleep 0.1
+    done
+    stop
   done
   echo "the service did not start:"
   cat "$work/server.log"
@@ -91,6 +100,11 @@ stop() {
   wait "$server" 2>/dev/null || true
   server=""
 }
+
+# Busy CPU ticks of the whole machine (user, nice, system, irq, softirq,
+# steal) since boot: with the server's and oha's own CPU time it tells how
+# much else ran during a run.
+busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 
 # /stats twice a second into $1 until killed.
 poll() {
@@ -146,7 +160,13 @@ for round in $(seq "$ROUNDS"); do
       cmd=("$oha" --no-tui -z "${SECONDS_PER_RUN}s" -q "$rate" -c "$CONNECTIONS"
         --latency-correction -w --output-format csv -o "$work/$name.csv" "$url/q")
       printf '%s\n' "${cmd[*]}" >"$work/$name.cmd"
-      "${cmd[@]}"
+      cpu_before=$(busy_ticks)
+      wall_before=$(date +%s.%N)
+      { time "${cmd[@]}" 2>>"$work/oha.log"; } 2>"$work/$name.oha-cpu"
+      # wall s, every CPU's busy ticks, the server's ticks, oha's CPU s
+      printf '%s %s %s %s\n' "$(awk "BEGIN { print $(date +%s.%N) - $wall_before }")" \
+        "$(($(busy_ticks) - cpu_before))" "$(awk '{print $14 + $15}' "/proc/$server/stat")" \
+        "$(awk '{print $1 + $2}' "$work/$name.oha-cpu")" >"$work/$name.cpu"
       kill "$poller" 2>/dev/null || true
       wait "$poller" 2>/dev/null || true
       poller=""

@@ -158,7 +158,7 @@ def table(summary):
     head = (
         "| variant | load | offered /s | goodput /s (min–max) | 503 % | 200 p50 ms | 200 p99 ms "
         "| 200 p99.9 ms | 503 p99 ms | max in flight | threads | RSS MB | started | interrupted "
-        "| 200s / started |"
+        "| 200s / started | others' CPU |"
     )
     lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     for row in summary:
@@ -170,7 +170,7 @@ def table(summary):
             f"| {fmt(m['busy_pct'], 1)} | {fmt(m['ok_p50_ms'], 1)} | {fmt(m['ok_p99_ms'], 1)} "
             f"| {fmt(m['ok_p999_ms'], 1)} | {fmt(m['busy_p99_ms'], 1)} | {fmt(m['max_in_flight'])} "
             f"| {fmt(m['threads_max'])} | {fmt(m['rss_peak_mb'], 1)} | {fmt(m['started'])} "
-            f"| {fmt(m['interrupted'])} | {fmt(m['useful_pct'], 1)} % |"
+            f"| {fmt(m['interrupted'])} | {fmt(m['useful_pct'], 1)} % | {fmt(row['others_cores']['max'], 2)} |"
         )
     return "\n".join(lines)
 
@@ -346,7 +346,9 @@ def report(work, prefix):
         f"during the median run (max {fmt(max(r['others_cores'] for r in runs), 2)}, in "
         f"`{max(runs, key=lambda r: r['others_cores'])['variant']}` at "
         f"{max(runs, key=lambda r: r['others_cores'])['factor']}×); oha "
-        f"{fmt(statistics.median(r['oha_cores'] for r in runs), 2)} cores (median). The JSON has these per run.",
+        f"{fmt(statistics.median(r['oha_cores'] for r in runs), 2)} cores (median). The JSON has these per run; "
+        f"the table's last column is the most other processes used in any round of that row, in cores of 2. "
+        f"Before each run the script waited for a quiet machine ({meta.get('quiet_waited_seconds', 0)} s in all).",
         "",
         "Columns: goodput is 200s per second of the run; `503 %` of the answered requests; latencies are "
         "per status from oha's per-request CSV, counted from when each request was due "

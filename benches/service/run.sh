@@ -26,7 +26,8 @@
 #    script waits up to 5 s for running queries to end and reads /stats once
 #    more (most queries at once, started, finished, interrupted; peak RSS).
 #    The machine's busy CPU time during the run, less the server's and
-#    oha's, is what else ran: reported per run as "others' CPU".
+#    oha's, is what else ran: reported per run as "others' CPU". Each run
+#    first waits (QUIET_WAIT seconds at most) for the machine to be quiet.
 # 6. benches/service/report.py writes docs/perf/service-<date>.{json,md,svg}
 #    (OUT overrides the prefix) and prints the table.
 #
@@ -41,6 +42,7 @@ CAPACITY_SECONDS=${CAPACITY_SECONDS:-10}
 TIMEOUT_MS=${TIMEOUT_MS:-100}
 QUERY_MS=${QUERY_MS:-20}
 CONNECTIONS=${CONNECTIONS:-1000}
+QUIET_WAIT=${QUIET_WAIT:-15}
 PORT=${PORT:-21000}
 OUT=${OUT:-docs/perf/service-$(date -u +%F)}
 
@@ -106,6 +108,22 @@ stop() {
 # much else ran during a run.
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 
+# Before each run: waits until the machine is quiet (under 0.2 of a core
+# busy over one second), QUIET_WAIT seconds at most, then goes on anyway:
+# the report shows what else ran during each run.
+waited=0
+wait_quiet() {
+  local b0 b1 n
+  for n in $(seq "$QUIET_WAIT"); do
+    b0=$(busy_ticks)
+    sleep 1
+    b1=$(busy_ticks)
+    [ $((b1 - b0)) -lt 20 ] && return 0
+    waited=$((waited + 1))
+  done
+  echo "  the machine is still busy ($((b1 - b0)) of 200 ticks in a second); going on"
+}
+
 # /stats twice a second into $1 until killed.
 poll() {
   while :; do
@@ -127,6 +145,7 @@ final_stats() {
 
 # Capacity: closed loop, long timeout. capacity NAME
 capacity() {
+  wait_quiet
   start offloader 10000 --rows "$rows"
   local cmd=("$oha" --no-tui -z "${CAPACITY_SECONDS}s" -c 16 -w --output-format csv
     -o "$work/$1.csv" "$url/q")
@@ -153,6 +172,7 @@ for round in $(seq "$ROUNDS"); do
     rate=$(python3 -c "print(max(1, round($factor * $cap)))")
     for variant in $variants; do
       name="$variant-$factor-r$round"
+      wait_quiet
       echo "round $round: $variant at ${factor}x = $rate requests/s for ${SECONDS_PER_RUN}s"
       start "$variant" "$TIMEOUT_MS" --rows "$rows"
       poll "$work/$name.polls.jsonl" &
@@ -199,6 +219,7 @@ cat >"$work/meta.json" <<EOF
   "seconds_per_run": $SECONDS_PER_RUN,
   "capacity_seconds": $CAPACITY_SECONDS,
   "connections": $CONNECTIONS,
+  "quiet_waited_seconds": $waited,
   "wall_seconds": $(($(date +%s) - began))
 }
 EOF

@@ -56,6 +56,8 @@ mod offload;
 
 mod awaited;
 mod batch;
+#[cfg(feature = "metrics")]
+mod export;
 #[cfg(feature = "tokio-util")]
 mod interop;
 mod map;

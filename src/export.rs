@@ -135,7 +135,9 @@ macro_rules! each_field {
 fn series(m: &Metrics) -> Vec<Series> {
     each_field! { m;
         Counter accepted => "offloader_accepted_total", "Jobs accepted.";
-        Counter rejected_full => "offloader_rejected_full_total", "Jobs refused because the queue was full.";
+        Counter rejected_full => "offloader_rejected_full_total", "Jobs refused at once because the queue was full.";
+        Counter rejected_timed_out => "offloader_rejected_timed_out_total", "Callers whose timeout passed while they waited for room; their jobs were never accepted.";
+        Counter rejected_overload => "offloader_rejected_overload_total", "Jobs refused because they could not finish before their deadline behind the jobs ahead.";
         Counter rejected_shutdown => "offloader_rejected_shutdown_total", "Jobs refused because the pool was shutting down.";
         Counter rejected_spawn => "offloader_rejected_spawn_total", "Jobs refused because no worker thread could be spawned.";
         Counter rejected_observer => "offloader_rejected_observer_total", "Jobs refused because the lifecycle observer lagged.";
@@ -148,8 +150,9 @@ fn series(m: &Metrics) -> Vec<Series> {
         Counter panicked => "offloader_panicked_total", "Jobs whose function panicked.";
         Counter cancelled => "offloader_cancelled_total", "Jobs cancelled while queued; they never ran.";
         Counter unstarted => "offloader_unstarted_total", "Jobs handed back unstarted by an immediate shutdown.";
-        Counter callers_timed_out => "offloader_callers_timed_out_total", "Awaiting callers whose timeout passed before the outcome.";
-        Counter callers_dropped => "offloader_callers_dropped_total", "Awaiting callers that dropped their future before the outcome.";
+        Counter shed => "offloader_shed_total", "Jobs shed at their turn, too near their deadline to finish; they never ran.";
+        Counter callers_timed_out => "offloader_callers_timed_out_total", "Callers (awaiting or holding a handle) whose timeout passed before the outcome.";
+        Counter callers_dropped => "offloader_callers_dropped_total", "Callers that dropped their future, or their handle under a cancelling policy, before the outcome.";
         Counter running_after_caller_left => "offloader_running_after_caller_left_total", "Jobs that were running when their caller left.";
         Counter stop_requests => "offloader_stop_requests_total", "Stop requests that took effect, made through the pool.";
         Gauge max_running => "offloader_max_running", "The most functions ever running at the same instant.";

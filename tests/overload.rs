@@ -5,8 +5,9 @@
 //!
 //! The pool's estimate of a run is set by a first job that runs for `RUN`
 //! (its own length, which the estimate measures: not an ordering); then a
-//! run *needs* about `2 × RUN` (mean plus twice the first deviation,
-//! `RUN / 2`), or more if that first run overran.
+//! run *takes* about `1.5 × RUN` at its turn (mean plus the first
+//! deviation, `RUN / 2`) and admission counts `3 × RUN` per run (mean
+//! plus four deviations), or more if that first run overran.
 
 mod support;
 
@@ -67,7 +68,7 @@ async fn a_job_whose_turn_comes_too_late_is_shed_and_the_next_starts() {
             .spawn()
             .unwrap();
         let next = pool.offload(|_stop| "next").spawn().unwrap();
-        // Its turn comes with at most 50 ms left, under the 200 ms a run
+        // Its turn comes with at most 50 ms left, under the 150 ms a run
         // needs.
         until(deadline - Duration::from_millis(50));
         gate.open();
@@ -137,7 +138,7 @@ async fn a_job_nobody_else_could_use_the_place_of_is_never_judged() {
     gate.open();
     assert_eq!(within("the last job", last).await.unwrap(), "last");
     within("busy", busy).await.unwrap();
-    // An idle pool: 150 ms left, under the 200 ms a run needs, yet it
+    // An idle pool: 150 ms left, under the 300 ms admission counts, yet it
     // runs; and so do the next ones, whose runs bring the estimate down.
     for _ in 0..20 {
         let quick = pool
@@ -193,8 +194,9 @@ async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once(
         .spawn()
         .unwrap();
     recv("busy runs", &mut starts).await;
-    // With 10 s left, jobs of at least 100 ms each fit about 98 deep on one
-    // permit; a first run that overran 100 ms by up to 100 ms halves that.
+    // With 10 s left and 300 ms counted per run on one permit, about 32
+    // jobs fit ahead; a first run that overran 100 ms by up to 100 ms
+    // halves that.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut queued = Vec::new();
     let refused = loop {
@@ -209,7 +211,7 @@ async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once(
         "{refused:?}"
     );
     assert!(refused.is_busy());
-    assert!((45..=99).contains(&queued.len()), "{} queued", queued.len());
+    assert!((12..=33).contains(&queued.len()), "{} queued", queued.len());
     // No deadline: nothing to miss.
     let plain = pool.offload(|_stop| ()).spawn().expect("accepted");
     let m = pool.metrics();
@@ -240,7 +242,8 @@ async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
     let fill: Vec<_> = (0..2)
         .map(|_| pool.offload(|_stop| ()).spawn().unwrap())
         .collect();
-    // Two jobs ahead (200 ms) and its own run (200 ms) do not fit in 300 ms.
+    // The running job, two jobs ahead and its own run (300 ms each) do not
+    // fit in 300 ms.
     let err = within(
         "the refusal",
         pool.offload(|_stop| ())
@@ -504,7 +507,8 @@ async fn jobs_held_back_by_their_key_do_not_get_a_request_shed_on_idle_permits()
         .unwrap();
     recv("a1 runs", &mut starts).await;
     let a2 = pool.offload(|_stop| ()).key("A").spawn().unwrap();
-    // 150 ms left, under the 200 ms a run needs, with three permits idle.
+    // 150 ms left, under the 300 ms admission counts, with three permits
+    // idle.
     for _ in 0..20 {
         let request = pool
             .offload(|_stop| "served")

@@ -62,10 +62,6 @@ use crate::sync::Arc;
 pub struct JobHandle<T> {
     job: Arc<dyn Outcome<T>>,
     pool: Arc<Inner>,
-    /// What the holder's leaving does to the job (its timeout passing, or
-    /// the handle dropped): the job's abandon policy, until the holder has
-    /// left or detached.
-    on_leave: Option<AbandonPolicy>,
     /// Boxed: most handles have no wait limit, and a handle stays 32 bytes.
     timer: Option<Box<Timer>>,
 }
@@ -82,12 +78,12 @@ struct Timer {
 
 impl<T> JobHandle<T> {
     /// The owner handle of `job`, whose core says a caller waits from the
-    /// start (`JobCore::new`), and whose holder's leaving applies `policy`.
-    pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>, policy: AbandonPolicy) -> Self {
+    /// start (`JobCore::new`), and holds the policy its holder's leaving
+    /// applies (`JobCore::leave_policy`).
+    pub(crate) fn new(job: Arc<dyn Outcome<T>>, pool: Arc<Inner>) -> Self {
         JobHandle {
             job,
             pool,
-            on_leave: Some(policy),
             timer: None,
         }
     }
@@ -176,8 +172,9 @@ impl<T> JobHandle<T> {
     /// the offloader runs it and records its outcome. (Dropping the handle
     /// applies the policy, which keeps the job only under
     /// [`AbandonPolicy::Keep`].)
-    pub fn detach(mut self) {
-        self.on_leave = None;
+    pub fn detach(self) {
+        // The holder has left: its drop applies nothing.
+        self.job.core().mark_caller_left();
     }
 
     /// Waits at most `limit` for the outcome. On timeout returns
@@ -320,11 +317,12 @@ impl<T> JobHandle<T> {
 
     /// The holder stops waiting: applies the job's policy, once (a holder
     /// that left already, or detached, keeps the job).
-    pub(crate) fn leave(&mut self, why: Departure) -> Fate {
-        match self.on_leave.take() {
-            Some(policy) => self.abandon(policy, why),
-            None => Fate::Kept,
+    pub(crate) fn leave(&self, why: Departure) -> Fate {
+        let core = self.job.core();
+        if core.caller_left() {
+            return Fate::Kept;
         }
+        self.abandon(core.leave_policy(), why)
     }
 
     /// Applies `policy` because the awaiting caller stopped waiting.
@@ -413,11 +411,12 @@ impl<T> Drop for JobHandle<T> {
         // `Keep` (a detach: not counted as a caller that left). Then nobody
         // is left to collect its outcome; a finished job's worker has read
         // the flag already (worker.rs).
-        if !self.job.core().state().is_terminal() {
-            if self.on_leave.is_some_and(|p| p != AbandonPolicy::Keep) {
+        let core = self.job.core();
+        if !core.state().is_terminal() {
+            if core.leave_policy() != AbandonPolicy::Keep {
                 self.leave(Departure::Dropped);
             }
-            self.job.core().set_caller_waiting(false);
+            core.set_caller_waiting(false);
         }
         // An outcome published and never taken is dropped here, its drop
         // caught as the worker catches it: a value's or a panic payload's

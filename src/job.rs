@@ -303,7 +303,7 @@ where
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.core.extras()?.deadline.map(|d| d.at)
+        self.core.extras()?.deadline
     }
 
     fn ext(&self, create: bool) -> Option<Arc<StopExt>> {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::id::{now_ns, JobId, JobState, QUEUED};
 use crate::lane::{LaneId, LaneKey};
 use crate::limiter::{Limiter, Limiters};
+use crate::policy::AbandonPolicy;
 use crate::slab::Key;
 use crate::sync::{AtomicBool, AtomicU8, Ordering};
 
@@ -15,7 +16,7 @@ use crate::sync::{AtomicBool, AtomicU8, Ordering};
 /// ([`JobCore`]).
 pub(crate) struct Extras {
     pub(crate) name: Option<std::sync::Arc<str>>,
-    pub(crate) deadline: Option<Deadline>,
+    pub(crate) deadline: Option<Instant>,
     pub(crate) group: Option<Membership>,
     pub(crate) lane: Option<LaneRef>,
     /// The limiters the job needs, sorted by id, no repeats.
@@ -49,16 +50,6 @@ impl Drop for Gone {
 /// Without the `tokio-util` feature no job follows a token.
 #[cfg(not(feature = "tokio-util"))]
 pub(crate) type Gone = std::convert::Infallible;
-
-/// A job's deadline.
-#[derive(Clone, Copy)]
-pub(crate) struct Deadline {
-    pub(crate) at: Instant,
-    /// Whether the pool may refuse or shed the job for it
-    /// (state/overload.rs): its abandon policy cancels, so nobody wants it
-    /// late.
-    pub(crate) shed: bool,
-}
 
 /// A keyed job's lane (state/lanes.rs).
 pub(crate) struct LaneRef {
@@ -107,6 +98,10 @@ const CALLER_LEFT: u8 = 1;
 const CALLER_WAITING: u8 = 2;
 const STUCK_REPORTED: u8 = 4;
 const WAKER_SET: u8 = 8;
+/// The job's abandon policy, when it is not `Keep` (read when its caller
+/// or owner leaves, and by state/overload.rs).
+const LEAVE_CANCELS: u8 = 16;
+const LEAVE_STOPS: u8 = 32;
 
 /// What every job has, whatever its function and result types.
 ///
@@ -144,7 +139,7 @@ pub(crate) enum NewCore {
 pub(crate) fn new_core(
     id: JobId,
     name: Option<std::sync::Arc<str>>,
-    deadline: Option<Deadline>,
+    deadline: Option<Instant>,
     group: Option<Key>,
     key: Option<LaneKey>,
     mut limiters: Limiters,
@@ -300,10 +295,35 @@ impl<X: AsRef<[Extras]> + ?Sized> JobCore<X> {
     }
 
     /// The deadline by which the pool sheds the job, if it may
-    /// (state/overload.rs).
+    /// (state/overload.rs): its abandon policy cancels, so nobody wants it
+    /// late.
     pub(crate) fn shed_deadline(&self) -> Option<Instant> {
-        let deadline = self.extras()?.deadline?;
-        deadline.shed.then_some(deadline.at)
+        if self.leave_policy() == AbandonPolicy::Keep {
+            return None;
+        }
+        self.extras()?.deadline
+    }
+
+    /// Records the job's abandon policy (before the job is shared: the
+    /// submitter owns the line still).
+    pub(crate) fn set_leave_policy(&self, policy: AbandonPolicy) {
+        match policy {
+            AbandonPolicy::Keep => {}
+            AbandonPolicy::CancelIfQueued => self.set_flag(LEAVE_CANCELS, true),
+            AbandonPolicy::CancelAndStop => self.set_flag(LEAVE_CANCELS | LEAVE_STOPS, true),
+        }
+    }
+
+    /// The job's abandon policy.
+    pub(crate) fn leave_policy(&self) -> AbandonPolicy {
+        let flags = self.flags.load(Ordering::Acquire);
+        if flags & LEAVE_STOPS != 0 {
+            AbandonPolicy::CancelAndStop
+        } else if flags & LEAVE_CANCELS != 0 {
+            AbandonPolicy::CancelIfQueued
+        } else {
+            AbandonPolicy::Keep
+        }
     }
 
     pub(crate) fn name(&self) -> Option<&std::sync::Arc<str>> {

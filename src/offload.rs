@@ -12,7 +12,7 @@ use crate::error::{Error, SubmitError};
 use crate::group::JobGroup;
 use crate::handle::JobHandle;
 use crate::job::Job;
-use crate::job_core::{new_core, Deadline, NewCore};
+use crate::job_core::{new_core, NewCore};
 use crate::policy::AbandonPolicy;
 use crate::pool::Offloader;
 use crate::state::Wait;
@@ -436,12 +436,7 @@ where
         let core = new_core(
             crate::id::JobId::next(),
             opts.name.take(),
-            deadline.map(|at| Deadline {
-                at,
-                // Nobody wants a job late whose policy cancels it when its
-                // caller leaves: the pool may shed it (state/overload.rs).
-                shed: policy != AbandonPolicy::Keep,
-            }),
+            deadline,
             group,
             opts.key.take(),
             std::mem::take(&mut opts.limiters),
@@ -468,6 +463,9 @@ where
     T: Send + 'static,
 {
     let inner = pool.inner().clone();
+    // Before the job is shared: what its owner's leaving does, and whether
+    // the pool may shed it (state/overload.rs).
+    crate::job::Task::core(&*job).set_leave_policy(policy);
     // A job that follows a token cancelled already is cancelled in the
     // critical section that accepts it: a worker could start it before
     // the watch below could cancel it.
@@ -483,7 +481,7 @@ where
         let task: Arc<dyn crate::job::Task> = job.clone();
         follow.watch(&task, &inner);
     }
-    Ok(JobHandle::new(job, inner, policy))
+    Ok(JobHandle::new(job, inner))
 }
 
 impl<F, T> fmt::Debug for Offload<F, T> {

@@ -705,7 +705,11 @@ fn judge(
                 bad(format!("panic error does not say what happened: {text}"));
             }
         }
-        Err(e @ (Error::Cancelled { id: Some(_) } | Error::ShuttingDown { id: Some(_) })) => {
+        Err(
+            e @ (Error::Cancelled { id: Some(_) }
+            | Error::ShuttingDown { id: Some(_) }
+            | Error::Overloaded { id: Some(_) }),
+        ) => {
             let text = e.to_string();
             if !text.contains("never") {
                 bad(format!("never-run error does not say so: {text}"));
@@ -725,7 +729,9 @@ fn judge(
                 never_ran();
             }
         }
-        Err(Error::Full { .. } | Error::ShuttingDown { id: None }) => {
+        Err(
+            Error::Full { .. } | Error::Overloaded { id: None } | Error::ShuttingDown { id: None },
+        ) => {
             if ran.load(Ordering::SeqCst) {
                 bad("rejected, but it ran".to_owned());
             }

@@ -51,13 +51,7 @@ fn until(at: Instant) {
 async fn a_job_whose_turn_comes_too_late_is_shed_and_the_next_starts() {
     for policy in [AbandonPolicy::CancelIfQueued, AbandonPolicy::CancelAndStop] {
         let pool = paced(1, 8, policy).await;
-        let (gate, hold) = gate();
-        let (started, mut starts) = signal();
-        let busy = pool
-            .offload(gated(&hold, &started, "busy", |_| ()))
-            .spawn()
-            .unwrap();
-        recv("busy runs", &mut starts).await;
+        let busy = occupy(&pool, 1).await;
         // Two seconds left: admitted behind the one running job.
         let deadline = Instant::now() + Duration::from_secs(2);
         let ran = flag();
@@ -71,7 +65,7 @@ async fn a_job_whose_turn_comes_too_late_is_shed_and_the_next_starts() {
         // Its turn comes with at most 50 ms left, under the 150 ms a run
         // needs.
         until(deadline - Duration::from_millis(50));
-        gate.open();
+        busy.gate.open();
         let err = within("the shed job", doomed).await.unwrap_err();
         assert!(err.is_busy(), "{err}");
         assert!(matches!(err, Error::Overloaded { id: Some(_) }), "{err:?}");
@@ -80,7 +74,7 @@ async fn a_job_whose_turn_comes_too_late_is_shed_and_the_next_starts() {
             "told at its turn, not its deadline"
         );
         assert_eq!(within("the next job", next).await.unwrap(), "next");
-        within("busy", busy).await.unwrap();
+        busy.release().await;
         within("idle", pool.idle()).await;
         assert!(!ran.load(Ordering::SeqCst), "a shed job never runs");
         let m = pool.metrics();
@@ -93,24 +87,18 @@ async fn a_job_whose_turn_comes_too_late_is_shed_and_the_next_starts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shed_job_reads_shed() {
     let pool = paced(1, 8, AbandonPolicy::CancelIfQueued).await;
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut doomed = pool.offload(|_stop| ()).deadline(deadline).spawn().unwrap();
     let behind = pool.offload(|_stop| ()).spawn().unwrap();
     until(deadline - Duration::from_millis(50));
-    gate.open();
+    busy.gate.open();
     let err = within("the shed job", &mut doomed).await.unwrap_err();
     assert_eq!(doomed.state(), JobState::Shed);
     assert!(err.to_string().contains("was not started"), "{err}");
     assert_eq!(err.job_id(), Some(doomed.id()));
     within("behind", behind).await.unwrap();
-    within("busy", busy).await.unwrap();
+    busy.release().await;
 }
 
 /// A job is judged only when another could use its place: the last job
@@ -121,13 +109,7 @@ async fn a_shed_job_reads_shed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_nobody_else_could_use_the_place_of_is_never_judged() {
     let pool = paced(1, 8, AbandonPolicy::CancelIfQueued).await;
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     let deadline = Instant::now() + Duration::from_secs(2);
     let last = pool
         .offload(|_stop| "last")
@@ -135,9 +117,9 @@ async fn a_job_nobody_else_could_use_the_place_of_is_never_judged() {
         .spawn()
         .unwrap();
     until(deadline - Duration::from_millis(50));
-    gate.open();
+    busy.gate.open();
     assert_eq!(within("the last job", last).await.unwrap(), "last");
-    within("busy", busy).await.unwrap();
+    busy.release().await;
     // An idle pool: 150 ms left, under the 300 ms admission counts, yet it
     // runs; and so do the next ones, whose runs bring the estimate down.
     for _ in 0..20 {
@@ -154,13 +136,7 @@ async fn a_job_nobody_else_could_use_the_place_of_is_never_judged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_job_is_never_shed_or_refused_for_time() {
     let pool = paced(1, 200, AbandonPolicy::Keep).await;
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     let deadline = Instant::now() + Duration::from_secs(1);
     // A hundred jobs of 100 ms ahead would take 10 s on one permit.
     let late: Vec<_> = (0..100)
@@ -172,11 +148,11 @@ async fn a_kept_job_is_never_shed_or_refused_for_time() {
         })
         .collect();
     until(deadline);
-    gate.open();
+    busy.gate.open();
     for job in late {
         within("a late job", job).await.unwrap();
     }
-    within("busy", busy).await.unwrap();
+    busy.release().await;
     let m = pool.metrics();
     assert_eq!((m.shed, m.rejected_overload), (0, 0), "{m:?}");
 }
@@ -187,13 +163,7 @@ async fn a_kept_job_is_never_shed_or_refused_for_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once() {
     let pool = paced(1, 1000, AbandonPolicy::CancelIfQueued).await;
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     // With 10 s left and 300 ms counted per run on one permit, about 32
     // jobs fit ahead; a first run that overran 100 ms by up to 100 ms
     // halves that.
@@ -219,9 +189,9 @@ async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once(
     for job in queued {
         job.cancel();
     }
-    gate.open();
+    busy.gate.open();
     within("plain", plain).await.unwrap();
-    within("busy", busy).await.unwrap();
+    busy.release().await;
 }
 
 /// An awaiting caller refused for a full queue waits for room only if it
@@ -231,13 +201,7 @@ async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
     let pool = paced(1, 2, AbandonPolicy::CancelAndStop).await;
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     // Two queued jobs fill the bound (no deadline: never refused for time).
     let fill: Vec<_> = (0..2)
         .map(|_| pool.offload(|_stop| ()).spawn().unwrap())
@@ -260,7 +224,7 @@ async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
             .with_timeout(Duration::from_secs(10))
             .into_future(),
     );
-    gate.open();
+    busy.gate.open();
     assert_eq!(
         within("the patient caller", patient)
             .await
@@ -271,7 +235,7 @@ async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
     for job in fill {
         within("a filler", job).await.unwrap();
     }
-    within("busy", busy).await.unwrap();
+    busy.release().await;
 }
 
 /// A full queue refused at once and a wait for room that timed out are
@@ -280,13 +244,7 @@ async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_and_timed_out_waiting_are_counted_apart() {
     let pool = pool(1, 1);
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     let queued = pool.offload(|_stop| ()).spawn().unwrap();
     let full = pool.offload(|_stop| ()).spawn().unwrap_err().into_parts().0;
     assert!(matches!(full, Error::Full { .. }), "{full:?}");
@@ -301,9 +259,9 @@ async fn full_and_timed_out_waiting_are_counted_apart() {
     let m = pool.metrics();
     assert_eq!((m.rejected_full, m.rejected_timed_out), (1, 1), "{m:?}");
     assert_eq!(m.callers_timed_out, 0, "its job was never accepted");
-    gate.open();
+    busy.gate.open();
     within("queued", queued).await.unwrap();
-    within("busy", busy).await.unwrap();
+    busy.release().await;
 }
 
 /// Dropping an owner handle applies the job's abandon policy: a queued job
@@ -318,13 +276,7 @@ async fn dropping_a_handle_applies_its_policy_and_detach_keeps_the_job() {
         (AbandonPolicy::Keep, false, true, 0),
     ] {
         let pool = pool(1, 8);
-        let (gate, hold) = gate();
-        let (started, mut starts) = signal();
-        let busy = pool
-            .offload(gated(&hold, &started, (), |_| ()))
-            .spawn()
-            .unwrap();
-        recv("busy runs", &mut starts).await;
+        let busy = occupy(&pool, 1).await;
         let ran = flag();
         let r = ran.clone();
         let job = pool
@@ -337,8 +289,8 @@ async fn dropping_a_handle_applies_its_policy_and_detach_keeps_the_job() {
         } else {
             drop(job);
         }
-        gate.open();
-        within("busy", busy).await.unwrap();
+        busy.gate.open();
+        busy.release().await;
         within("idle", pool.idle()).await;
         let m = pool.metrics();
         let case = format!("{policy:?}, detach: {detach}: {m:?}");
@@ -459,26 +411,20 @@ async fn under_load_a_job_whose_caller_left_never_holds_a_permit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_sheds_a_doomed_job_and_terminates() {
     let pool = paced(1, 8, AbandonPolicy::CancelIfQueued).await;
-    let (gate, hold) = gate();
-    let (started, mut starts) = signal();
-    let busy = pool
-        .offload(gated(&hold, &started, (), |_| ()))
-        .spawn()
-        .unwrap();
-    recv("busy runs", &mut starts).await;
+    let busy = occupy(&pool, 1).await;
     let deadline = Instant::now() + Duration::from_secs(2);
     let doomed = pool.offload(|_stop| ()).deadline(deadline).spawn().unwrap();
     let after = pool.offload(|_stop| "after").spawn().unwrap();
     pool.shutdown();
     until(deadline - Duration::from_millis(50));
-    gate.open();
+    busy.gate.open();
     within("terminated", pool.terminated()).await;
     assert!(matches!(
         doomed.await,
         Err(Error::Overloaded { id: Some(_) })
     ));
     assert_eq!(after.await.unwrap(), "after");
-    within("busy", busy).await.unwrap();
+    busy.release().await;
     let m = pool.metrics();
     assert_eq!((m.shed, m.completed), (1, 3), "{m:?}");
 }

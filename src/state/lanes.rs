@@ -19,6 +19,7 @@
 //! for it.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use super::overload::Pace;
 use super::{After, State};
@@ -219,8 +220,8 @@ impl State {
 
     /// For overload.rs: the estimate of the lane of the queued or running
     /// job of `core`.
-    pub(super) fn lane_pace(&mut self, core: &JobCore) -> Option<&mut Pace> {
-        Some(&mut self.lanes.get_mut(Self::lane_of(core))?.pace)
+    pub(super) fn lane_pace(&self, core: &JobCore) -> Option<&Pace> {
+        Some(&self.lanes.get(Self::lane_of(core))?.pace)
     }
 
     /// Whether a new job of `core` would start as soon as it is queued: it
@@ -309,8 +310,15 @@ impl State {
     }
 
     /// A running job of `core`'s lane finished: its lane's count and its
-    /// limiters' permits go back together with its pool permit.
-    pub(super) fn lane_finished(&mut self, core: &JobCore, after: &mut After) {
+    /// limiters' permits go back together with its pool permit, and a run
+    /// that counts (`ran`: it did not panic) goes into the lane's estimate
+    /// (overload.rs; a stopped run only if it raises it).
+    pub(super) fn lane_finished(
+        &mut self,
+        core: &JobCore,
+        ran: Option<Duration>,
+        after: &mut After,
+    ) {
         // A pool permit freed with the job (M3).
         self.stop_declining(after);
         crate::limiter::release_all(core.limiters(), &mut after.limiter_wakes);
@@ -318,6 +326,9 @@ impl State {
         let lane = Self::lane_of(core);
         if let Some(l) = self.lanes.get_mut(lane) {
             l.running -= 1;
+            if let Some(ran) = ran {
+                l.pace.record(ran, core.is_stop_requested());
+            }
         }
         self.lane_update(lane, after);
     }

@@ -116,15 +116,6 @@ impl State {
         self.judge = false;
     }
 
-    /// Counts the run time of the finished job of `core` in its lane's
-    /// estimate (while the job still holds its lane).
-    pub(super) fn record_run(&mut self, core: &JobCore, panicked: bool, ran: Duration) {
-        let stopped = core.is_stop_requested();
-        if let Some(pace) = self.lane_pace(core).filter(|_| !panicked) {
-            pace.record(ran, stopped);
-        }
-    }
-
     /// Whether the new job of `core` would miss its deadline: behind the
     /// jobs queued in its lane, or behind `ahead` jobs if given (a caller
     /// that would wait for room). Refused then. Not with a free permit it

@@ -66,8 +66,8 @@ impl State {
         let key = core.key();
         self.jobs.unlink(&mut self.running, key);
         after.release = self.jobs.remove(key);
-        self.record_run(core, panicked, ran);
-        self.lane_finished(core, after);
+        // A run that panicked says nothing of how long runs take.
+        self.lane_finished(core, (!panicked).then_some(ran), after);
         self.counts.run_time_total += ran;
         self.unpublished += 1;
         let (state, word) = if panicked {

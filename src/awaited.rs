@@ -153,7 +153,6 @@ where
                 Departure::TimedOut => {
                     let inner = this.pool.inner();
                     let reason = inner.gave_up_waiting(waited);
-                    inner.count_refusal(&reason);
                     Some(Err(reason))
                 }
                 Departure::Dropped => None,
@@ -215,7 +214,6 @@ where
                                 // Dropping the wait gives up the function.
                                 *waiting = None;
                                 let reason = this.pool.inner().gave_up_waiting(this.began.waited());
-                                this.pool.inner().count_refusal(&reason);
                                 Err(reason)
                             }
                         },

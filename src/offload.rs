@@ -399,7 +399,6 @@ where
                     }
                     if tokio::time::timeout_at(at, freed).await.is_err() {
                         let reason = inner.gave_up_waiting(began.waited());
-                        inner.count_refusal(&reason);
                         return Err(SubmitError::new(reason, this.func));
                     }
                 }

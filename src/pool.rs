@@ -168,9 +168,9 @@ impl Offloader {
         self.inner().lock().workers.inject_spawn_failures(n);
     }
 
-    /// Test hook (feature `test-hooks`, as above): the pool keeps no
-    /// estimate of run times, so it judges no job's deadline (for tests
-    /// that predict every refusal, whatever the machine's speed).
+    /// Test hook (feature `test-hooks`, as above): the pool judges no
+    /// job's deadline (state/overload.rs), for tests that predict every
+    /// refusal whatever the machine's speed.
     #[doc(hidden)]
     #[cfg(feature = "test-hooks")]
     pub fn __judge_no_deadlines(&self) {
@@ -492,9 +492,10 @@ impl Inner {
     }
 
     /// The error of a caller whose timeout passed after `waited` while it
-    /// waited for admission (for room, or for a lagging observer): its job
-    /// was never accepted.
+    /// waited for admission (for room, or for a lagging observer), counted:
+    /// its job was never accepted.
     pub(crate) fn gave_up_waiting(&self, waited: Duration) -> Error {
+        self.lock().count_timed_out_waiting();
         Error::TimedOut {
             id: None,
             waited,
@@ -504,12 +505,11 @@ impl Inner {
     }
 
     /// Counts a refusal that the caller reports: a full queue or a lagging
-    /// observer, for good, or its timeout while it waited for room. (The
-    /// other refusals are counted where they are decided.)
+    /// observer, for good. (The other refusals are counted where they are
+    /// decided; a timeout while waiting for room by `gave_up_waiting`.)
     pub(crate) fn count_refusal(&self, reason: &Error) {
         match reason {
             Error::Full { .. } => self.lock().count_full(),
-            Error::TimedOut { .. } => self.lock().count_timed_out_waiting(),
             Error::ObserverBehind { .. } => self.lock().count_observer_behind(),
             _ => {}
         }

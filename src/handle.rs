@@ -236,12 +236,9 @@ impl<T> JobHandle<T> {
     /// On a current-thread runtime's thread, as
     /// [`blocking_wait`](Self::blocking_wait) does.
     pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
+        let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
-        let waited = {
-            let _waiting = self.pool.enter_own_wait(self.job.core())?;
-            off_the_runtime(|| self.job.wait_outcome(began.checked_add(limit)))
-        };
-        match waited {
+        match off_the_runtime(|| self.job.wait_outcome(began.checked_add(limit))) {
             Some(outcome) => outcome,
             None => self.timed_out(began.elapsed(), false),
         }
@@ -284,7 +281,7 @@ impl<T> JobHandle<T> {
     /// if it is still queued or running; without, the job goes on under
     /// this handle. The error reports the state the job was in when the
     /// wait ended, before the policy acted.
-    pub(crate) fn timed_out(&mut self, waited: Duration, leave: bool) -> Result<T, Error> {
+    pub(crate) fn timed_out(&self, waited: Duration, leave: bool) -> Result<T, Error> {
         let state = self.state();
         if !state.is_terminal() {
             let fate = if leave {

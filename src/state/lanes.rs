@@ -211,11 +211,16 @@ impl State {
     /// For overload.rs: the estimate, the queued jobs and the permits of
     /// the lane a new job of `core` would join, if it exists yet.
     pub(super) fn lane_load(&self, core: &JobCore) -> Option<(&Pace, usize, usize)> {
-        let lane = match core.lane() {
+        let lane = self.lane_to_join(core)?;
+        Some((&lane.pace, lane.queued, lane.limit.min(self.max_in_flight)))
+    }
+
+    /// The lane a new job of `core` would join, if it exists yet.
+    fn lane_to_join(&self, core: &JobCore) -> Option<&Lane> {
+        match core.lane() {
             None => self.lanes.get(DEFAULT_LANE),
             Some(l) => self.find_lane(l).and_then(|k| self.lanes.get(k)),
-        }?;
-        Some((&lane.pace, lane.queued, lane.limit.min(self.max_in_flight)))
+        }
     }
 
     /// For overload.rs: the estimate of the lane of the queued or running
@@ -233,11 +238,8 @@ impl State {
         if !core.limiters().is_empty() || free <= self.startable_queued {
             return false;
         }
-        let lane = match core.lane() {
-            None => self.lanes.get(DEFAULT_LANE),
-            Some(l) => self.find_lane(l).and_then(|k| self.lanes.get(k)),
-        };
-        lane.is_none_or(|l| l.blocked_on.is_none() && l.running.saturating_add(l.queued) < l.limit)
+        self.lane_to_join(core)
+            .is_none_or(|l| l.blocked_on.is_none() && l.running.saturating_add(l.queued) < l.limit)
     }
 
     /// Takes the next job to start: the front job of the lane whose turn it

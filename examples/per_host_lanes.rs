@@ -213,8 +213,13 @@ impl Host {
                 thread::spawn(move || {
                     let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                     max.fetch_max(n, Ordering::SeqCst);
-                    let _ = answer(conn, name, &gate);
-                    now.fetch_sub(1, Ordering::SeqCst);
+                    // The call counts as served until its answer is about
+                    // to leave: once the client has the answer, its job can
+                    // end and the next call connect, before this thread
+                    // would run again.
+                    let _ = answer(conn, name, &gate, || {
+                        now.fetch_sub(1, Ordering::SeqCst);
+                    });
                 });
             }
         });
@@ -233,11 +238,18 @@ impl Host {
     }
 }
 
-/// Reads the request line, waits for the gate (or the guard), answers.
-fn answer(conn: TcpStream, name: &str, gate: &(Mutex<bool>, Condvar)) -> io::Result<()> {
-    let mut reader = BufReader::new(conn.try_clone()?);
+/// Reads the request line, waits for the gate (or the guard), calls
+/// `served`, answers.
+fn answer(
+    conn: TcpStream,
+    name: &str,
+    gate: &(Mutex<bool>, Condvar),
+    served: impl FnOnce(),
+) -> io::Result<()> {
     let mut request = String::new();
-    reader.read_line(&mut request)?;
+    let asked = conn
+        .try_clone()
+        .and_then(|c| BufReader::new(c).read_line(&mut request));
     let (open, changed) = gate;
     let held = open.lock().unwrap_or_else(|e| e.into_inner());
     drop(
@@ -245,6 +257,8 @@ fn answer(conn: TcpStream, name: &str, gate: &(Mutex<bool>, Condvar)) -> io::Res
             .wait_timeout_while(held, GUARD, |open| !*open)
             .unwrap_or_else(|e| e.into_inner()),
     );
+    served();
+    asked?;
     let mut conn = conn;
     writeln!(conn, "200 OK from {name}")
 }

@@ -216,7 +216,11 @@ async fn run() -> Res<()> {
         "\nmetrics: accepted {}, completed {}, running {}, callers dropped {}, stop requests {}",
         m.accepted, m.completed, m.running, m.callers_dropped, m.stop_requests
     );
-    if m.running != 0 || m.completed != 3 || m.stop_requests != 1 || !m.ledger_balances() {
+    if m.running != 0
+        || m.completed != 3
+        || m.stop_requests != 1
+        || m.accepted != m.queued + m.running + m.terminal()
+    {
         return Err(format!("unexpected metrics: {m:?}").into());
     }
     for f in [&f1, &f2, &f3] {

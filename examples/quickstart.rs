@@ -174,12 +174,17 @@ async fn with_offloader() -> Result<(usize, Run), Box<dyn std::error::Error>> {
         .name("work_b")
         .spawn()?;
     // Give work_b every chance to start: it must not, work_a holds the permit.
-    let still_waiting = job_b
-        .wait_timeout(CALLER_TIMEOUT)
+    // A timeout around `&mut job_b` leaves the handle (and the job) alone.
+    if tokio::time::timeout(CALLER_TIMEOUT, &mut job_b)
         .await
-        .err()
-        .ok_or("work_b finished while work_a still held the only permit")?;
-    log.say(format!("caller B: {still_waiting}"));
+        .is_ok()
+    {
+        return Err("work_b finished while work_a still held the only permit".into());
+    }
+    log.say(format!(
+        "caller B: stopped waiting after {CALLER_TIMEOUT:?}; work_b is {:?}",
+        job_b.state()
+    ));
     log.expect_nothing()?;
     log.say("work_b has not started: work_a still holds the only permit");
     let m = pool.metrics();

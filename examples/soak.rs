@@ -349,7 +349,7 @@ impl Ctx {
         let m = self.pool.metrics();
         add(&self.totals.checks, 1);
         let limit = self.limit as u64;
-        if !m.ledger_balances() {
+        if m.accepted != m.queued + m.running + m.terminal() {
             self.totals.fail(format!("ledger does not balance: {m:?}"));
         }
         if m.running > limit || m.max_running > limit || m.workers > limit {
@@ -436,7 +436,7 @@ async fn one_pool(seed: u64, totals: Arc<Totals>, until: Instant) -> Result<(), 
             add(&totals.end_now, 1);
             let p = still_held.as_ref().expect("pool");
             let _unstarted = p.shutdown_now();
-            if !p.await_termination(HANG).await {
+            if tokio::time::timeout(HANG, p.terminated()).await.is_err() {
                 return Err(format!("no termination after shutdown_now: {p:?}"));
             }
         }
@@ -444,7 +444,7 @@ async fn one_pool(seed: u64, totals: Arc<Totals>, until: Instant) -> Result<(), 
             add(&totals.end_shutdown, 1);
             let p = still_held.as_ref().expect("pool");
             p.shutdown();
-            if !p.await_termination(HANG).await {
+            if tokio::time::timeout(HANG, p.terminated()).await.is_err() {
                 return Err(format!("no termination after shutdown: {p:?}"));
             }
         }
@@ -461,7 +461,7 @@ async fn one_pool(seed: u64, totals: Arc<Totals>, until: Instant) -> Result<(), 
                 return Err(format!("idle but not finished: {m:?}"));
             }
             p.shutdown();
-            if !p.await_termination(HANG).await {
+            if tokio::time::timeout(HANG, p.terminated()).await.is_err() {
                 return Err(format!("no termination after idle + shutdown: {p:?}"));
             }
         }
@@ -815,11 +815,11 @@ async fn driver(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
             6 => match pool.offload(f).spawn() {
                 // A wait that may time out, then the rest of the wait.
                 Ok(mut h) => {
-                    let r = match h.wait_timeout(timeout).await {
-                        Err(e) if e.is_timeout() => (&mut h).await,
-                        other => other,
+                    let r = match tokio::time::timeout(timeout, &mut h).await {
+                        Ok(r) => r,
+                        Err(_) => h.await,
                     };
-                    judge(&ctx, "wait_timeout then await", body, value, &ran, &r);
+                    judge(&ctx, "timeout then await", body, value, &ran, &r);
                 }
                 Err(e) => judge(&ctx, "spawn", body, value, &ran, &Err(e.into())),
             },

@@ -501,15 +501,6 @@ impl<F> SubmitError<F> {
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
     }
-
-    /// Splits into the reason and the function.
-    pub fn into_parts(self) -> (Error, F) {
-        let func = self
-            .func
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        (self.reason, func)
-    }
 }
 
 impl<F> fmt::Debug for SubmitError<F> {

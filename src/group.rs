@@ -111,11 +111,6 @@ impl JobGroup {
         self
     }
 
-    /// The pool the group's jobs run on.
-    pub fn pool(&self) -> &Offloader {
-        &self.pool
-    }
-
     pub(crate) fn key(&self) -> Key {
         self.shared.key
     }
@@ -130,29 +125,10 @@ impl JobGroup {
         self.shared.stop().is_some()
     }
 
-    /// `true` once [`stop`](Self::stop) (or a stop of an ancestor, or a
-    /// [`close`](Self::close) that escalated) has taken effect.
-    pub fn is_stopped(&self) -> bool {
-        self.shared.inner.lock().group_stopped(self.shared.key)
-    }
-
-    /// `true` once the group refuses new jobs: it (or an ancestor) was
-    /// stopped, or a [`close`](Self::close) began (even one that was then
-    /// dropped, or that did not need to stop anything). Never reset.
-    pub fn is_closed(&self) -> bool {
-        self.shared.inner.lock().group_closed(self.shared.key)
-    }
-
     /// A consistent snapshot of the counts of the group's jobs, its
     /// descendants' included.
     pub fn metrics(&self) -> GroupMetrics {
         self.shared.inner.lock().group_metrics(self.shared.key)
-    }
-
-    /// `true` if every job of the group and its descendants is terminal
-    /// and its outcome published.
-    pub fn is_idle(&self) -> bool {
-        self.shared.inner.lock().group_idle(self.shared.key)
     }
 
     /// Waits until every job accepted through the group or a descendant is
@@ -220,7 +196,7 @@ impl JobGroup {
 
     /// Closes the group in stages, without shutting the pool down: new
     /// offloads through it (and its descendants) are refused at once, for
-    /// good ([`is_closed`](Self::is_closed)); its jobs get up to `graceful`
+    /// good (its [`GroupMetrics::closed`]); its jobs get up to `graceful`
     /// to finish; then, if needed, the group is [stopped](Self::stop) and
     /// gets up to `after_stop` more. The report's `unstarted` lists the
     /// queued jobs the stop cancelled; `terminated` says whether the group

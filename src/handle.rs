@@ -1,7 +1,7 @@
 //! The owner handle: a future of the job's outcome that also controls it.
 
 use std::fmt;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -15,12 +15,13 @@ use crate::pool::Inner;
 use crate::sync::Arc;
 
 /// The owner handle of an accepted job: a future of its outcome that can also
-/// report its state, [`cancel`](Self::cancel) it, [`stop`](Self::stop) it,
-/// and be waited on with a timeout without being consumed.
+/// report its state, [`cancel`](Self::cancel) it and [`stop`](Self::stop) it.
 ///
 /// Returned by [`Offload::spawn`](crate::Offload::spawn). Awaiting it yields
 /// the function's value, or an [`Error`] that says what happened to the job.
-/// Await `&mut handle` to keep the handle after a timed-out wait.
+/// To wait with a timeout without giving the handle up, await `&mut handle`
+/// inside `tokio::time::timeout`: when that times out, the job goes on and
+/// the handle can be awaited again.
 ///
 /// Dropping the handle before the outcome is leaving, as dropping an
 /// awaited offload is: the job follows its [`AbandonPolicy`] (the pool's,
@@ -50,8 +51,8 @@ use crate::sync::Arc;
 ///     .spawn()?;
 ///
 /// // Stop waiting for a while without giving the job up.
-/// let err = job.wait_timeout(Duration::from_millis(5)).await.unwrap_err();
-/// assert!(err.is_timeout());
+/// let waited = tokio::time::timeout(Duration::from_millis(5), &mut job).await;
+/// assert!(waited.is_err());
 /// assert!(!job.is_finished());
 ///
 /// tx.send(())?;
@@ -163,8 +164,9 @@ impl<T> JobHandle<T> {
         self.pool.stop(&*self.job)
     }
 
-    /// `true` if stop has been requested for this job.
-    pub fn is_stop_requested(&self) -> bool {
+    /// `true` once stop has been requested for this job (its
+    /// [`StopToken::is_stopped`](crate::StopToken::is_stopped) is `true`).
+    pub fn is_stopped(&self) -> bool {
         self.job.core().is_stop_requested()
     }
 
@@ -177,69 +179,42 @@ impl<T> JobHandle<T> {
         self.job.core().mark_caller_left();
     }
 
-    /// Waits at most `limit` for the outcome. On timeout returns
+    /// Blocks the current thread until the outcome is ready, or at most
+    /// `limit` (`None`: no limit), for synchronous callers: plain threads,
+    /// `spawn_blocking`, other pools' jobs. When the limit passes it returns
     /// [`Error::TimedOut`] and the handle stays usable: the job goes on and
-    /// can be awaited again.
-    ///
-    /// # Panics
-    ///
-    /// Needs a tokio runtime with the time driver, as
-    /// `tokio::time::timeout` does.
-    pub async fn wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
-        let began = Began::now();
-        let hold = self.clock_hold();
-        let job = &self.job;
-        let waited = tokio::time::timeout_at(
-            began.timer_deadline(limit),
-            poll_fn(|cx| job.poll_outcome(cx)),
-        )
-        .await;
-        drop(hold);
-        match waited {
-            Ok(outcome) => outcome,
-            Err(_) => self.timed_out(began.waited(), false),
-        }
-    }
-
-    /// Blocks the current thread until the outcome is ready, for synchronous
-    /// callers: plain threads, `spawn_blocking`, other pools' jobs.
+    /// can be waited for again.
     ///
     /// On a tokio multi-thread runtime's worker it blocks through
     /// `tokio::task::block_in_place`, so the worker's other tasks move
-    /// elsewhere meanwhile. On a current-thread runtime's thread it
-    /// **panics** (as tokio's `blocking_recv` does): it would stall every
-    /// task of that runtime. Await the handle there instead.
+    /// elsewhere meanwhile.
     ///
     /// Called by a function running on the same pool while the job is still
     /// queued, it fails at once with [`Error::WouldDeadlock`] if every other
     /// permit is held by functions doing the same: the job could never start.
     /// From inside a job, prefer returning and letting the caller await both
     /// jobs, or give the inner work its own pool.
-    pub fn blocking_wait(self) -> Result<T, Error> {
-        let _waiting = self.pool.enter_own_wait(self.job.core())?;
-        off_the_runtime(|| match self.job.wait_outcome(None) {
-            Some(outcome) => outcome,
-            None => Err(Error::OutcomeTaken {
-                id: Some(self.id()),
-            }),
-        })
-    }
-
-    /// Blocks at most `limit` for the outcome; on timeout returns
-    /// [`Error::TimedOut`] and the handle stays usable. Like
-    /// [`blocking_wait`](Self::blocking_wait): through `block_in_place` on a
-    /// multi-thread runtime's worker, and [`Error::WouldDeadlock`] from a
-    /// function of the same pool that could never see the job start.
     ///
     /// # Panics
     ///
-    /// On a current-thread runtime's thread, as
-    /// [`blocking_wait`](Self::blocking_wait) does.
-    pub fn blocking_wait_timeout(&mut self, limit: Duration) -> Result<T, Error> {
+    /// On a current-thread runtime's thread (as tokio's `blocking_recv`
+    /// does): it would stall every task of that runtime. Await the handle
+    /// there instead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let pool = offloader::Offloader::builder().build()?;
+    /// let job = pool.offload(|_stop| 6 * 7).spawn()?;
+    /// assert_eq!(job.blocking_wait(Some(Duration::from_secs(10)))?, 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn blocking_wait(&self, limit: Option<Duration>) -> Result<T, Error> {
         let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
-        match off_the_runtime(|| self.job.wait_outcome(began.checked_add(limit))) {
+        let until = limit.map(|limit| crate::clock::deadline_after(began, limit));
+        match off_the_runtime(|| self.job.wait_outcome(until)) {
             Some(outcome) => outcome,
+            // Only a limit ends the wait without an outcome.
             None => self.timed_out(began.elapsed(), false),
         }
     }
@@ -453,7 +428,7 @@ fn off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
                 Ok(Some(r)) => r,
                 Ok(None) => unreachable!("the wait ran once"),
                 Err(_) => panic!(
-                    "offloader: JobHandle::blocking_wait (or blocking_wait_timeout) called on a \
+                    "offloader: JobHandle::blocking_wait called on a \
                      current-thread tokio runtime's thread; \
                      blocking it would stall every task of that runtime. Await the handle instead \
                      (or wait from spawn_blocking or a plain thread)."

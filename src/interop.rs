@@ -102,11 +102,11 @@ impl JobGroup {
     ///     Ok(slept) => assert!(slept.is_err()), // its sleep saw the stop
     ///     Err(e) => assert!(e.is_cancelled()),  // stopped before it started
     /// }
-    /// assert!(reads.is_stopped());
+    /// assert!(reads.metrics().stopped);
     ///
     /// // A token cancelled already stops the group at once.
     /// let done = pool.group().stop_on(request.child_token());
-    /// assert!(done.is_stopped());
+    /// assert!(done.metrics().stopped);
     /// # Ok(()) }
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio-util")))]
@@ -428,7 +428,7 @@ mod tests {
                 .stop_on(token.clone())
                 .spawn()
                 .expect("accepted");
-            assert_eq!(job.blocking_wait().ok(), Some(i));
+            assert_eq!(job.blocking_wait(None).ok(), Some(i));
         }
         eventually("every job's watch ended", || watches() == before);
         assert!(!token.is_cancelled());
@@ -441,7 +441,7 @@ mod tests {
             .stop_on(CancellationToken::new())
             .spawn()
             .expect("accepted");
-        assert_eq!(job.blocking_wait().ok(), Some(3));
+        assert_eq!(job.blocking_wait(None).ok(), Some(3));
         eventually("the job's one watch ended", || watches() == before);
     }
 
@@ -477,7 +477,7 @@ mod tests {
         );
         assert_eq!(groups(), records + 1, "and so does the record");
         release.send(()).expect("the job waits");
-        job.blocking_wait().expect("ran");
+        job.blocking_wait(None).expect("ran");
         eventually("the group's watch ended", || watches() == before);
         eventually("the record freed", || groups() == records);
 

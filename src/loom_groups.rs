@@ -28,7 +28,7 @@ fn group_stop_vs_start() {
             let group = group.clone();
             thread::spawn(move || group.stop())
         };
-        let outcome = job.blocking_wait();
+        let outcome = job.blocking_wait(None);
         assert!(stopper.join().unwrap(), "the first stop");
         let ran = ran.load(Ordering::SeqCst);
         match outcome {
@@ -82,7 +82,7 @@ fn nested_stop_vs_child_offload() {
                 ));
                 BRANCHES.hit(0);
             }
-            Ok(job) => match job.blocking_wait() {
+            Ok(job) => match job.blocking_wait(None) {
                 Err(Error::Cancelled { id: Some(_) }) => {
                     assert!(!ran.load(Ordering::SeqCst));
                     BRANCHES.hit(1);
@@ -95,7 +95,7 @@ fn nested_stop_vs_child_offload() {
             },
         }
         stopper.join().unwrap();
-        assert!(child.is_stopped(), "a parent's stop reaches its child");
+        assert!(child.metrics().stopped, "a parent's stop reaches its child");
         let (c, p) = (child.metrics(), parent.metrics());
         assert!(c.ledger_balances() && p.ledger_balances());
         assert_eq!(c.accepted, p.accepted, "the parent counts its child's jobs");

@@ -68,8 +68,8 @@ fn two_pools_two_limiters_opposite_orders() {
             .limiter(&a)
             .spawn()
             .expect("accepted");
-        let other = thread::spawn(move || y.blocking_wait().is_ok());
-        assert!(x.blocking_wait().is_ok());
+        let other = thread::spawn(move || y.blocking_wait(None).is_ok());
+        assert!(x.blocking_wait(None).is_ok());
         assert!(other.join().unwrap());
         assert_eq!(ran.load(Ordering::SeqCst), 2);
         let (sa, sb) = (a.stats(), b.stats());
@@ -98,8 +98,8 @@ fn give_back_vs_cancel_in_another_pool() {
             let waiting = waiting.clone();
             thread::spawn(move || waiting.cancel())
         };
-        assert_eq!(first.blocking_wait().ok(), Some(1));
-        assert_eq!(second.blocking_wait().ok(), Some(3));
+        assert_eq!(first.blocking_wait(None).ok(), Some(1));
+        assert_eq!(second.blocking_wait(None).ok(), Some(3));
         let cancelled = canceller.join().unwrap();
         let outcome = loom::future::block_on(std::future::poll_fn(|cx| waiting.poll_outcome(cx)));
         match outcome {
@@ -154,14 +154,14 @@ fn grant_to_a_pool_that_goes_away() {
             // Too late to cancel: it started (its pool's worker may have
             // tried before `c`'s), and runs to its end.
             if !waiting.cancel() {
-                assert_eq!(waiting.blocking_wait().ok(), Some(2));
+                assert_eq!(waiting.blocking_wait(None).ok(), Some(2));
             }
             b.shutdown();
             drop(b);
         });
-        assert_eq!(first.blocking_wait().ok(), Some(1));
+        assert_eq!(first.blocking_wait(None).ok(), Some(1));
         leaver.join().unwrap();
-        assert_eq!(last.blocking_wait().ok(), Some(3));
+        assert_eq!(last.blocking_wait(None).ok(), Some(3));
         let s = l.stats();
         assert_eq!((s.in_use, s.waiting, s.pools_waiting), (0, 0, 0), "{s:?}");
     });

@@ -76,7 +76,7 @@ fn completion_vs_blocking_waiter() {
     loom::model(|| {
         let pool = pool(1);
         let job = pool.offload(|_| 7).spawn().expect("accepted");
-        assert_eq!(job.blocking_wait().ok(), Some(7));
+        assert_eq!(job.blocking_wait(None).ok(), Some(7));
         drop(pool);
     });
 }
@@ -114,7 +114,7 @@ fn permit_released_before_outcome() {
             .offload(work(in_flight.clone(), max_seen.clone()))
             .spawn()
             .expect("accepted");
-        second.blocking_wait().expect("completed");
+        second.blocking_wait(None).expect("completed");
         // The permit is released before the outcome is published.
         let m = pool.metrics();
         assert!(m.max_running <= 1);
@@ -200,7 +200,7 @@ pub(crate) fn shutdown_vs_submit_on(pool: Offloader, branches: Option<&Branches<
     match submitted {
         Ok(job) => {
             hit(1);
-            assert!(job.blocking_wait().is_ok());
+            assert!(job.blocking_wait(None).is_ok());
             assert!(ran.load(Ordering::SeqCst));
         }
         Err(refused) => {
@@ -253,7 +253,7 @@ fn shutdown_now_vs_start() {
             let pool = pool.clone();
             thread::spawn(move || pool.shutdown_now())
         };
-        let outcome = job.blocking_wait();
+        let outcome = job.blocking_wait(None);
         let unstarted = closer.join().unwrap();
         let handed_back = unstarted.iter().any(|u| u.id == id);
         let ran = ran.load(Ordering::SeqCst);
@@ -465,7 +465,7 @@ fn abandon_cancel_and_stop_vs_start() {
                 BRANCHES.hit(0);
             }
             crate::Fate::StopRequested => {
-                assert!(outcome.is_ok() && ran && job.is_stop_requested());
+                assert!(outcome.is_ok() && ran && job.is_stopped());
                 assert_eq!((m.cancelled, m.completed, m.stop_requests), (0, 1, 1));
                 BRANCHES.hit(1);
             }

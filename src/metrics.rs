@@ -63,9 +63,8 @@ pub struct Metrics {
     pub shed: u64,
     /// Callers whose timeout passed before the outcome of their accepted
     /// job: an awaited offload's, or an owner handle's
-    /// [`with_timeout`](crate::Offload::with_timeout) (not
-    /// [`wait_timeout`](crate::JobHandle::wait_timeout)'s, which keeps the
-    /// handle waiting).
+    /// [`with_timeout`](crate::Offload::with_timeout) (not a timeout
+    /// around `&mut handle`, which keeps the handle waiting).
     pub callers_timed_out: u64,
     /// Awaiting callers that dropped their future before the outcome, and
     /// owner handles dropped before it under a policy that cancels (a
@@ -98,11 +97,6 @@ impl Metrics {
         self.completed + self.panicked + self.cancelled + self.unstarted + self.shed
     }
 
-    /// Callers that stopped waiting before the outcome, by timeout or drop.
-    pub fn callers_left(&self) -> u64 {
-        self.callers_timed_out + self.callers_dropped
-    }
-
     /// Jobs refused for any reason.
     pub fn rejected(&self) -> u64 {
         self.rejected_full
@@ -114,8 +108,9 @@ impl Metrics {
     }
 
     /// `true` if `accepted = queued + running + terminal` holds. It always
-    /// does; tests assert it.
-    pub fn ledger_balances(&self) -> bool {
+    /// does; the crate's own tests assert it.
+    #[cfg(any(test, loom))]
+    pub(crate) fn ledger_balances(&self) -> bool {
         self.accepted == self.queued + self.running + self.terminal()
     }
 }
@@ -177,8 +172,9 @@ impl GroupMetrics {
     }
 
     /// `true` if `accepted = queued + running + terminal` holds. It always
-    /// does; tests assert it.
-    pub fn ledger_balances(&self) -> bool {
+    /// does; the crate's own tests assert it.
+    #[cfg(any(test, loom))]
+    pub(crate) fn ledger_balances(&self) -> bool {
         self.accepted == self.queued + self.running + self.terminal()
     }
 }
@@ -210,7 +206,6 @@ mod tests {
             ..Metrics::default()
         };
         assert_eq!(m.rejected(), 15 + (1 << 13) + (1 << 14));
-        assert_eq!(m.callers_left(), 48);
         assert_eq!(m.terminal(), 960 + 4096);
         m.accepted = 1024 + 2048 + 960 + 4096;
         assert!(m.ledger_balances());

@@ -42,8 +42,8 @@ use crate::job_core::JobCore;
 /// shut it down. What it must not do is *wait* on its own pool for
 /// something that needs its events delivered: `idle()`, `terminated()` and
 /// `blocking_await_termination(None)` panic there with a clear message
-/// (the panic is caught and logged), `await_termination` and `close`
-/// return at once without termination, and an offload that would wait for
+/// (the panic is caught and logged), `blocking_await_termination` with a
+/// limit and `close` return at once without termination, and an offload that would wait for
 /// the observer's own lag is refused with
 /// [`Error::ObserverBehind`](crate::Error::ObserverBehind).
 ///

@@ -208,8 +208,8 @@ where
     /// follows the abandon policy. The function sees the resulting instant
     /// as its [`StopToken::deadline`]. On a [`spawn`](Self::spawn)ed or
     /// [`submit`](Self::submit)ted handle it bounds the handle's awaits
-    /// (`.await`, not [`wait_timeout`](crate::JobHandle::wait_timeout) or
-    /// the blocking waits, which take their own limits), counted from the
+    /// (`.await`, not [`blocking_wait`](crate::JobHandle::blocking_wait),
+    /// which takes its own limit), counted from the
     /// `spawn` or `submit`, until it has passed once: then, as for an
     /// awaited offload, the job follows its abandon policy (an await begun
     /// after it passed times out at once; the handle's later awaits wait
@@ -227,10 +227,12 @@ where
 
     /// A deadline for the job itself, shown to the function as
     /// [`StopToken::deadline`] (the earlier of this and the caller's
-    /// timeout). The function decides what to do with it once it runs;
-    /// before that, under an abandon policy that cancels, the pool refuses
-    /// or sheds a job that cannot finish by it ([`Error::Overloaded`]: the
-    /// guide's "Sizing and overload").
+    /// timeout): a request's deadline carried into its blocking work, without
+    /// bounding anyone's wait (that is [`with_timeout`](Self::with_timeout)).
+    /// The function decides what to do with it once it runs; before that,
+    /// under an abandon policy that cancels, the pool refuses or sheds a job
+    /// that cannot finish by it ([`Error::Overloaded`]: the guide's "Sizing
+    /// and overload").
     pub fn deadline(mut self, at: Instant) -> Self {
         self.opts.deadline = Some(at);
         self

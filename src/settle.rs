@@ -35,17 +35,21 @@ pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
             if settled(&s) {
                 return Poll::Ready(None);
             }
-            if s.threads_retired() {
-                let exited = s.workers.take_exited();
-                if !exited.is_empty() {
-                    return Poll::Ready(Some(exited));
-                }
-            }
+            let exited = if s.threads_retired() {
+                s.workers.take_exited()
+            } else {
+                Vec::new()
+            };
             drop(s);
+            // Taken before a join too: a thread still exiting is pool work.
             if hold.is_none() {
                 hold = inner.clock_holds.hold();
             }
-            Poll::Pending
+            if exited.is_empty() {
+                Poll::Pending
+            } else {
+                Poll::Ready(Some(exited))
+            }
         })
         .await;
         match exited {
@@ -137,7 +141,7 @@ fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
         panic!(
             "offloader: idle() or termination awaited, without a limit, from the pool's own \
              observer; it waits for the delivery of the event being delivered and would never \
-             return. Use await_termination(limit), or wait from another task."
+             return. Use blocking_await_termination(Some(limit)), or wait from another task."
         );
     }
     if !inner.is_worker_thread() {
@@ -147,7 +151,7 @@ fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
         Awaited::Termination => panic!(
             "offloader: termination awaited, without a limit, on one of the pool's own worker \
              threads; it waits for this thread to exit and would never return. Use \
-             await_termination(limit), or wait from outside the pool."
+             blocking_await_termination(Some(limit)), or wait from outside the pool."
         ),
         // Between jobs too: the job this worker just ran stays counted as
         // unpublished until its next lock, after the wakers and drops it

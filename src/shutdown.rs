@@ -7,9 +7,8 @@
 //!   still run.
 //! - [`Offloader::shutdown_now`]: immediate; queued jobs are removed and
 //!   handed back, running ones get their stop token set.
-//! - [`Offloader::terminated`] / [`Offloader::await_termination`]:
-//!   termination is its own fact: every accepted job is terminal and every
-//!   pool thread has exited.
+//! - [`Offloader::terminated`]: termination is its own fact: every
+//!   accepted job is terminal and every pool thread has exited.
 //! - [`Offloader::close`]: the staged close in one call, with a
 //!   [`CloseReport`] that names what was left behind.
 //! - [`Offloader::idle`]: every accepted job is terminal (asyncio's `join`),
@@ -213,12 +212,6 @@ impl Offloader {
         }
         false
     }
-    /// `true` if every accepted job is terminal right now (nothing queued,
-    /// nothing running).
-    pub fn is_idle(&self) -> bool {
-        self.inner().lock().is_idle()
-    }
-
     /// Waits until every accepted job is terminal: nothing queued *and*
     /// nothing running (asyncio's `Queue.join`). Works at any time, not only
     /// during shutdown; returns at once if the pool is idle.
@@ -248,35 +241,28 @@ impl Offloader {
 
     /// Waits until the pool has terminated: shut down, every accepted job
     /// terminal, every pool thread exited. Never returns if nothing shuts
-    /// the pool down.
+    /// the pool down; bound it with `tokio::time::timeout`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let pool = offloader::Offloader::builder().build()?;
+    /// pool.offload(|_stop| ()).await?;
+    /// pool.shutdown();
+    /// tokio::time::timeout(Duration::from_secs(5), pool.terminated()).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Panics
     ///
     /// If called on one of this pool's own threads (a job, or code a
     /// worker runs between jobs, or the observer): termination waits for
     /// that thread too, so it could never return. With a limit,
-    /// [`await_termination`](Self::await_termination) returns `false` there
-    /// instead.
+    /// [`blocking_await_termination`](Self::blocking_await_termination)
+    /// returns `false` there instead.
     pub async fn terminated(&self) {
         wait(self.inner(), Awaited::Termination).await;
-    }
-
-    /// Waits at most `limit` for termination; returns whether the pool
-    /// terminated. On one of this pool's own threads (a job, code a worker
-    /// runs between jobs, the observer) it returns `false` at once:
-    /// termination waits for that thread too.
-    ///
-    /// # Panics
-    ///
-    /// Needs a tokio runtime with the time driver.
-    pub async fn await_termination(&self, limit: Duration) -> bool {
-        if self.inner().is_own_thread() {
-            // From the pool's own observer or one of its workers:
-            // termination includes delivering the event being delivered
-            // now, or this thread's exit, so it cannot happen meanwhile.
-            return false;
-        }
-        self.terminated_within(limit).await
     }
 
     /// Waits at most `limit` for termination, wherever it is called from;
@@ -298,7 +284,7 @@ impl Offloader {
     /// passes (`None`: no limit); returns whether it terminated. For
     /// synchronous callers; do not call it on an async runtime's thread.
     /// With a limit, on one of this pool's own threads, it returns `false`
-    /// at once, as [`await_termination`](Self::await_termination) does.
+    /// at once: termination waits for that thread too.
     ///
     /// # Panics
     ///
@@ -306,7 +292,7 @@ impl Offloader {
     /// [`terminated`](Self::terminated) does.
     pub fn blocking_await_termination(&self, limit: Option<Duration>) -> bool {
         if limit.is_some() && self.inner().is_own_thread() {
-            // As `await_termination`: it cannot come while this waits.
+            // Termination waits for this thread: it cannot come meanwhile.
             return false;
         }
         let until = limit.and_then(|l| Instant::now().checked_add(l));

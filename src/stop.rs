@@ -313,11 +313,6 @@ impl StopToken {
         self.wait_for_stop(Instant::now().checked_add(duration))
     }
 
-    /// Sleeps until `instant`, waking early if stop is requested.
-    pub fn sleep_until(&self, instant: Instant) -> Result<(), Stopped> {
-        self.wait_for_stop(Some(instant))
-    }
-
     fn wait_for_stop(&self, until: Option<Instant>) -> Result<(), Stopped> {
         self.check()?;
         let Some(ext) = self.src.ext(true) else {
@@ -451,7 +446,7 @@ impl StopCallback {
     }
 
     /// Returns `true` if the callback is still waiting for a stop request.
-    pub fn is_registered(&self) -> bool {
+    pub(crate) fn is_registered(&self) -> bool {
         match &self.registration {
             Some((ext, key)) => lock(&ext.callbacks).pending.iter().any(|(k, _)| k == key),
             None => false,

@@ -16,7 +16,7 @@ use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
 use offloader::{Error, Fate, JobState, Offloader};
-use support::{assert_ledger, gate, occupy, recv, signal, within, HANG};
+use support::{assert_ledger, gate, occupy, recv, signal, within, AwaitTermination, HANG};
 
 /// A rendezvous: `arrive(n)` blocks until `n` callers are inside at once
 /// (true) or [`HANG`] passes (false).
@@ -161,11 +161,14 @@ async fn huge_durations_mean_no_limit() {
         assert_eq!(v, 3);
         let mut h = pool.offload(|_| 4).spawn().unwrap();
         assert_eq!(
-            within("wait_timeout", h.wait_timeout(limit)).await.unwrap(),
+            within("timeout", tokio::time::timeout(limit, &mut h))
+                .await
+                .unwrap()
+                .unwrap(),
             4
         );
-        let mut h = pool.offload(|_| 5).spawn().unwrap();
-        let v = tokio::task::spawn_blocking(move || h.blocking_wait_timeout(limit))
+        let h = pool.offload(|_| 5).spawn().unwrap();
+        let v = tokio::task::spawn_blocking(move || h.blocking_wait(Some(limit)))
             .await
             .unwrap();
         assert_eq!(v.unwrap(), 5);
@@ -352,9 +355,9 @@ async fn termination_waits_for_thread_local_destructors() {
 async fn stop_on_a_finished_job_is_no_request() {
     let pool = Offloader::builder().build().unwrap();
     let mut h = pool.offload(|_| 1).spawn().unwrap();
-    assert_eq!(within("value", h.wait_timeout(HANG)).await.unwrap(), 1);
+    assert_eq!(within("value", &mut h).await.unwrap(), 1);
     assert!(!h.stop());
-    assert!(!h.is_stop_requested());
+    assert!(!h.is_stopped());
     assert!(!h.cancel());
     assert_eq!(pool.metrics().stop_requests, 0);
     // A cancelled (never started) job: terminal too.
@@ -413,12 +416,10 @@ async fn error_outcomes_are_repeatable() {
     assert!(cancelled.cancel());
     occupied.release().await;
     for _ in 0..3 {
-        let e = within("cancelled", cancelled.wait_timeout(HANG))
-            .await
-            .unwrap_err();
+        let e = within("cancelled", &mut cancelled).await.unwrap_err();
         assert!(matches!(e, Error::Cancelled { id: Some(_) }), "{e:?}");
     }
-    let e = cancelled.blocking_wait().unwrap_err();
+    let e = cancelled.blocking_wait(None).unwrap_err();
     assert!(matches!(e, Error::Cancelled { id: Some(_) }), "{e:?}");
 
     let mut panicked = pool
@@ -426,9 +427,7 @@ async fn error_outcomes_are_repeatable() {
         .spawn()
         .unwrap();
     for _ in 0..3 {
-        let e = within("panicked", panicked.wait_timeout(HANG))
-            .await
-            .unwrap_err();
+        let e = within("panicked", &mut panicked).await.unwrap_err();
         assert!(
             matches!(&e, Error::Panicked { message, .. } if message.contains("on purpose")),
             "{e:?}"
@@ -438,8 +437,8 @@ async fn error_outcomes_are_repeatable() {
     assert!(e.is_panic());
 
     let mut value = pool.offload(|_| 3).spawn().unwrap();
-    assert_eq!(within("value", value.wait_timeout(HANG)).await.unwrap(), 3);
-    let e = within("taken", value.wait_timeout(HANG)).await.unwrap_err();
+    assert_eq!(within("value", &mut value).await.unwrap(), 3);
+    let e = within("taken", &mut value).await.unwrap_err();
     assert!(matches!(e, Error::OutcomeTaken { .. }), "{e:?}");
 }
 
@@ -503,7 +502,7 @@ async fn the_global_pool_ignores_shutdown() {
 async fn a_finished_handle_reports_its_terminal_state() {
     let pool = Offloader::builder().build().unwrap();
     let mut h = pool.offload(|_| ()).spawn().unwrap();
-    within("done", h.wait_timeout(HANG)).await.unwrap();
+    within("done", &mut h).await.unwrap();
     assert_eq!(h.state(), JobState::Completed);
 }
 
@@ -517,7 +516,7 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
     let outer = pool.offload(move |_| {
         let inner = inner_pool.offload(|_| "inner").spawn().unwrap();
         let id = inner.id();
-        let waited = inner.blocking_wait();
+        let waited = inner.blocking_wait(None);
         (id, waited.map_err(|e| (e.job_id(), e.to_string())))
     });
     let (id, waited) = within("outer", outer).await.unwrap();
@@ -541,7 +540,7 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
             tx.send(()).unwrap();
             hold.wait();
             let inner = p.offload(move |_| n).spawn().unwrap();
-            inner.blocking_wait().map_err(|e| e.to_string())
+            inner.blocking_wait(None).map_err(|e| e.to_string())
         })
         .spawn()
         .unwrap()
@@ -572,18 +571,17 @@ async fn blocking_wait_on_a_current_thread_runtime_panics() {
     support::quiet_deliberate_panics();
     let pool = Offloader::builder().build().unwrap();
     let h = pool.offload(|_| 1).spawn().unwrap();
-    let _ = h.blocking_wait();
+    let _ = h.blocking_wait(None);
 }
 
-/// The same for `blocking_wait_timeout`, whose docs and panic message now
-/// say so (a hostile review found them naming `blocking_wait` only).
+/// The same with a limit.
 #[tokio::test(flavor = "current_thread")]
-#[should_panic(expected = "blocking_wait_timeout) called on a current-thread tokio runtime")]
-async fn blocking_wait_timeout_on_a_current_thread_runtime_panics() {
+#[should_panic(expected = "blocking_wait called on a current-thread tokio runtime")]
+async fn a_limited_blocking_wait_on_a_current_thread_runtime_panics() {
     support::quiet_deliberate_panics();
     let pool = Offloader::builder().build().unwrap();
-    let mut h = pool.offload(|_| 1).spawn().unwrap();
-    let _ = h.blocking_wait_timeout(std::time::Duration::from_secs(1));
+    let h = pool.offload(|_| 1).spawn().unwrap();
+    let _ = h.blocking_wait(Some(std::time::Duration::from_secs(1)));
 }
 
 /// Item 16, the legitimate places: `spawn_blocking` of a current-thread
@@ -595,7 +593,7 @@ async fn blocking_wait_from_spawn_blocking_on_a_current_thread_runtime() {
     let h = pool.offload(|_| 2).spawn().unwrap();
     let v = within(
         "spawn_blocking",
-        tokio::task::spawn_blocking(move || h.blocking_wait()),
+        tokio::task::spawn_blocking(move || h.blocking_wait(None)),
     )
     .await
     .unwrap();
@@ -619,7 +617,7 @@ async fn blocking_wait_on_a_multi_thread_worker_lets_other_tasks_run() {
     // The only runtime worker blocks in blocking_wait; a task spawned on the
     // runtime still runs (block_in_place moved it) and opens the gate.
     let opener = tokio::spawn(async move { g.open() });
-    assert_eq!(h.blocking_wait().unwrap(), 3);
+    assert_eq!(h.blocking_wait(None).unwrap(), 3);
     within("the opener", opener).await.unwrap();
 }
 
@@ -664,7 +662,7 @@ async fn a_blocking_wait_from_outside_the_pool_is_not_refused() {
     let pool = Offloader::builder().max_in_flight(1).build().unwrap();
     let occupied = occupy(&pool, 1).await;
     let queued = pool.offload(|_| 5).spawn().unwrap();
-    let mut waiter = tokio::task::spawn_blocking(move || queued.blocking_wait());
+    let mut waiter = tokio::task::spawn_blocking(move || queued.blocking_wait(None));
     assert!(
         support::still_pending(&mut waiter).await,
         "the outside wait waits while the permit is busy"

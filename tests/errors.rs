@@ -179,9 +179,7 @@ async fn a_panics_payload_comes_back_to_its_first_wait() {
         .offload(|_| -> () { std::panic::panic_any(Payload(42)) })
         .spawn()
         .expect("accepted");
-    let first = within("the panic", job.wait_timeout(HANG))
-        .await
-        .unwrap_err();
+    let first = within("the panic", &mut job).await.unwrap_err();
     assert!(first.is_panic(), "{first}");
     let payload = first.into_panic();
     assert_eq!(payload.downcast_ref::<Payload>(), Some(&Payload(42)));

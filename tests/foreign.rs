@@ -19,7 +19,7 @@ use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
 use offloader::{AbandonPolicy, JobEvent, Observer, Offloader, WeakOffloader};
-use support::{gate, recv, signal, within, HANG};
+use support::{gate, recv, signal, within, IsIdle, Ledger, HANG};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 

@@ -61,7 +61,7 @@ async fn stop_cancels_queued_and_stops_running_which_keep_their_permits() {
     let outsider = pool.offload(|_| "outsider").spawn().unwrap();
     assert!(group.stop());
     assert!(!group.stop(), "already stopped");
-    assert!(group.is_stopped());
+    assert!(group.metrics().stopped);
     for q in queued {
         let e = within("a cancelled job", q).await.unwrap_err();
         assert!(e.is_cancelled(), "{e}");
@@ -93,11 +93,11 @@ async fn a_stopped_group_refuses_new_jobs() {
     let pool = pool(2, 16);
     let group = pool.group();
     assert!(
-        !group.is_closed() && !group.is_stopped(),
+        !group.metrics().closed && !group.metrics().stopped,
         "a new group is open"
     );
     group.stop();
-    assert!(group.is_closed(), "a stopped group is closed too");
+    assert!(group.metrics().closed, "a stopped group is closed too");
     let refused = group.offload(|_| 7).spawn().unwrap_err();
     assert!(
         matches!(refused.reason(), Error::Cancelled { id: None }),
@@ -114,7 +114,7 @@ async fn a_stopped_group_refuses_new_jobs() {
     assert_eq!(within("the pool", pool.offload(|_| 9)).await.unwrap(), 9);
     let child = group.child();
     assert!(
-        child.is_stopped(),
+        child.metrics().stopped,
         "a child of a stopped group is born stopped"
     );
     assert!(child.offload(|_| ()).spawn().is_err());
@@ -194,10 +194,10 @@ async fn stop_reaches_descendants_not_ancestors() {
     assert_eq!(child.metrics().running, 2);
     grandchild.stop();
     assert!(within("the grandchild's job", gc).await.unwrap(), "stopped");
-    assert!(!child.is_stopped() && !parent.is_stopped());
-    assert!(!p.is_stop_requested() && !c.is_stop_requested());
+    assert!(!child.metrics().stopped && !parent.metrics().stopped);
+    assert!(!p.is_stopped() && !c.is_stopped());
     parent.stop();
-    assert!(child.is_stopped());
+    assert!(child.metrics().stopped);
     assert!(within("the child's job", c).await.unwrap(), "stopped");
     assert!(within("the parent's job", p).await.unwrap(), "stopped");
     within("the tree idle", parent.idle()).await;
@@ -248,14 +248,14 @@ async fn dropping_a_group_follows_its_policy() {
         let job = held(&group, &hold, &tx);
         recv("the stopped job", &mut started).await;
         drop(group);
-        assert!(!job.is_stop_requested(), "a clone still holds the group");
+        assert!(!job.is_stopped(), "a clone still holds the group");
         drop(clone);
         job
     };
     assert!(within("the job of the dropped group", stopped)
         .await
         .unwrap());
-    assert!(!kept.is_stop_requested(), "LetRun: the job goes on");
+    assert!(!kept.is_stopped(), "LetRun: the job goes on");
     g.open();
     assert!(!within("the kept job", kept).await.unwrap());
     within("idle", pool.idle()).await;
@@ -306,7 +306,7 @@ async fn close_without_escalation() {
     assert_eq!((report.completed, report.panicked), (4, 0), "{report}");
     assert!(report.unstarted.is_empty() && report.still_running.is_empty());
     assert!(group.offload(|_| ()).spawn().is_err(), "closed");
-    assert!(!group.is_stopped(), "closed, not stopped");
+    assert!(!group.metrics().stopped, "closed, not stopped");
     for (i, j) in jobs.into_iter().enumerate() {
         assert_eq!(within("a job", j).await.unwrap(), i);
     }
@@ -471,7 +471,7 @@ async fn a_group_keeps_its_pool() {
         pool.group()
     };
     assert_eq!(within("a job", group.offload(|_| 5)).await.unwrap(), 5);
-    assert_eq!(group.pool().metrics().completed, 1);
+    assert_eq!(group.metrics().completed, 1);
 }
 
 /// A group's idleness does not wait for the next job its last job's worker
@@ -582,7 +582,7 @@ async fn dropped_children_leave_the_rest_reachable() {
     for q in queued {
         assert!(within("a child's job", q).await.unwrap_err().is_cancelled());
     }
-    assert!(children.iter().flatten().all(JobGroup::is_stopped));
+    assert!(children.iter().flatten().all(|g| g.metrics().stopped));
     drop(children);
     drop(_g);
     within("blocker", blocker).await.unwrap();
@@ -601,13 +601,13 @@ async fn a_dropped_close_leaves_the_group_closed_not_stopped() {
     recv("the job", &mut started).await;
     let closing = group.close(HANG, HANG);
     assert!(still_pending(closing).await);
-    assert!(group.is_closed() && !group.is_stopped());
+    assert!(group.metrics().closed && !group.metrics().stopped);
     let m = group.metrics();
     assert!(m.closed && !m.stopped, "{m:?}");
     let refused = group.offload(|_| ()).spawn().unwrap_err();
     assert!(refused.to_string().contains("closing"), "{refused}");
     assert!(
-        group.child().is_closed(),
+        group.child().metrics().closed,
         "a child of a closed group is born closed"
     );
     g.open();

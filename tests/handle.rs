@@ -22,7 +22,7 @@ fn assert_timed_out(err: &Error, want_state: JobState) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_timeout_leaves_the_handle_usable() {
+async fn a_users_timeout_around_the_handle_leaves_it_usable() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
     let (g, hold) = gate();
@@ -37,32 +37,38 @@ async fn wait_timeout_leaves_the_handle_usable() {
         .expect("accepted");
     recv("started", &mut started).await;
 
-    let err = h.wait_timeout(SHORT).await.expect_err("held on a gate");
-    assert_timed_out(&err, JobState::Running);
-    assert_eq!(err.job_id(), Some(h.id()));
+    tokio::time::timeout(SHORT, &mut h)
+        .await
+        .expect_err("held on a gate");
+    assert_eq!(h.state(), JobState::Running);
     // Twice: still usable, still running.
-    let err = h.wait_timeout(SHORT).await.expect_err("still held");
-    assert_timed_out(&err, JobState::Running);
+    tokio::time::timeout(SHORT, &mut h)
+        .await
+        .expect_err("still held");
     assert!(!h.is_finished());
     assert_eq!(h.state(), JobState::Running);
     assert_eq!(h.name(), Some("held"));
     let m = pool.metrics();
-    assert_eq!((m.running, m.callers_left()), (1, 0), "{m:?}");
+    assert_eq!(
+        (m.running, (m.callers_timed_out + m.callers_dropped)),
+        (1, 0),
+        "{m:?}"
+    );
 
     g.open();
     assert_eq!(within("handle after timeouts", h).await.unwrap(), "value");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_timeout_on_a_queued_job_reports_queued() {
+async fn a_blocking_wait_with_a_limit_on_a_queued_job_reports_queued() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let blocker = occupy(&pool, 1).await;
     let mut h = pool.offload(|_stop| 5).spawn().expect("accepted");
     let err = h
-        .wait_timeout(SHORT)
-        .await
+        .blocking_wait(Some(SHORT))
         .expect_err("queued behind a held job");
     assert_timed_out(&err, JobState::Queued);
+    assert_eq!(err.job_id(), Some(h.id()));
     blocker.release().await;
     assert_eq!(within("queued job", &mut h).await.unwrap(), 5);
     // The outcome was taken; a second wait says so instead of hanging.
@@ -89,7 +95,7 @@ async fn blocking_wait_from_a_plain_std_thread() {
     let (waiting_tx, waiting_rx) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
         waiting_tx.send(()).expect("test alive");
-        h.blocking_wait()
+        h.blocking_wait(None)
     });
     recv("started", &mut started).await;
     waiting_rx.recv_timeout(HANG).expect("waiter thread runs");
@@ -107,7 +113,7 @@ fn blocking_waits_work_without_any_runtime() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, started_rx) = mpsc::channel();
     let (g, hold) = gate();
-    let mut h = pool
+    let h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
             hold.wait();
@@ -117,20 +123,20 @@ fn blocking_waits_work_without_any_runtime() {
         .expect("spawn needs no runtime");
     started_rx.recv_timeout(HANG).expect("started");
 
-    let err = h.blocking_wait_timeout(SHORT).expect_err("held on a gate");
+    let err = h.blocking_wait(Some(SHORT)).expect_err("held on a gate");
     assert_timed_out(&err, JobState::Running);
     assert!(!h.is_finished());
 
     g.open();
-    assert_eq!(h.blocking_wait_timeout(HANG).unwrap(), 42);
+    assert_eq!(h.blocking_wait(Some(HANG)).unwrap(), 42);
     assert!(h.is_finished());
     assert!(matches!(
-        h.blocking_wait_timeout(HANG),
+        h.blocking_wait(Some(HANG)),
         Err(Error::OutcomeTaken { .. })
     ));
 
     let h = pool.offload(|_stop| "plain").spawn().expect("accepted");
-    assert_eq!(h.blocking_wait().unwrap(), "plain");
+    assert_eq!(h.blocking_wait(None).unwrap(), "plain");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,7 +292,7 @@ async fn awaiting_mut_handle_after_its_spawned_timeout() {
     assert_timed_out(&err, JobState::Running);
     assert_eq!(err.job_id(), Some(h.id()));
     // Under the default policy (`Keep`) the handle's timeout keeps the job.
-    assert!(!h.is_stop_requested());
+    assert!(!h.is_stopped());
     assert_eq!(h.state(), JobState::Running);
     assert_eq!(pool.metrics().cancelled, 0);
     // It is counted as a caller who timed out (Metrics docs).
@@ -310,7 +316,7 @@ async fn stop_on_a_queued_job_starts_it_with_the_token_stopped() {
         .spawn()
         .expect("accepted");
     assert!(h.stop());
-    assert!(h.is_stop_requested());
+    assert!(h.is_stopped());
     assert_eq!(h.state(), JobState::Queued);
     blocker.release().await;
     assert!(
@@ -432,9 +438,9 @@ async fn a_cancelled_job_answers_every_wait() {
     assert!(h.is_finished());
     assert_eq!(h.state(), JobState::Cancelled);
     for _ in 0..2 {
-        let err = h.wait_timeout(HANG).await.expect_err("cancelled");
+        let err = within("cancelled", &mut h).await.expect_err("cancelled");
         assert!(matches!(err, Error::Cancelled { id: Some(_) }), "{err:?}");
-        let err = h.blocking_wait_timeout(HANG).expect_err("cancelled");
+        let err = h.blocking_wait(Some(HANG)).expect_err("cancelled");
         assert!(matches!(err, Error::Cancelled { id: Some(_) }), "{err:?}");
     }
     let err = within("the handle", h).await.expect_err("cancelled");
@@ -474,7 +480,7 @@ async fn waiters_parked_on_queued_jobs_are_woken_by_their_discard() {
     let h = pool.offload(|_stop| 2u64).spawn().expect("accepted");
     let blocking = std::thread::Builder::new()
         .name(WAITER.into())
-        .spawn(move || h.blocking_wait())
+        .spawn(move || h.blocking_wait(None))
         .expect("spawned");
     eventually("the blocking waiter asleep", || {
         sleeping_threads_named(WAITER) == 1

@@ -15,7 +15,8 @@ use std::time::Instant;
 use offloader::{Error, JobHandle, JobState, Offloader};
 use support::next_job::NextJob;
 use support::{
-    gate, occupy, pool, quiet_deliberate_panics, recv, signal, within, within_blocking, HANG,
+    gate, occupy, pool, quiet_deliberate_panics, recv, signal, within, within_blocking, IsIdle,
+    HANG,
 };
 
 /// A waker whose last reference, when dropped, calls `on_drop`.
@@ -731,8 +732,8 @@ fn another_pools_waiter_woken_by_a_limiter_runs_before_the_next_job_is_started()
             !next.refused_before_begun(),
             "cancel refused before the function began"
         );
-        let _ = first.blocking_wait();
-        let _ = blocked.blocking_wait();
+        let _ = first.blocking_wait(None);
+        let _ = blocked.blocking_wait(None);
         let noop = Waker::noop();
         let mut cx = Context::from_waker(noop);
         support::eventually_blocking("the waiting caller admitted", || {
@@ -774,7 +775,7 @@ fn an_awaiting_caller_s_waker_runs_before_the_next_job_is_started() {
 /// or a drop on a worker does below.
 fn offload_five_and_wait(pool: &Offloader) -> Result<u32, Error> {
     match pool.offload(|_| 5u32).spawn() {
-        Ok(job) => job.blocking_wait(),
+        Ok(job) => job.blocking_wait(None),
         Err(refused) => panic!("refused: {:?}", refused.reason()),
     }
 }
@@ -819,7 +820,7 @@ fn waits_from_the_worker_end(
             assert_eq!(waited.ok(), Some(5), "limit {limit}");
         }
         if let Some(job) = job {
-            assert!(job.blocking_wait().is_ok());
+            assert!(job.blocking_wait(None).is_ok());
         }
         support::eventually_blocking("the pool idle", || pool.is_idle());
         support::assert_ledger(&pool.metrics());
@@ -951,7 +952,7 @@ fn a_result_dropped_by_the_worker_may_wait_for_another_thread_s_job() {
             .expect("room");
         let got = report.recv_timeout(HANG * 2).expect("the drop ended");
         assert_eq!(got, Some(5), "limit {limit}: the other job ran meanwhile");
-        assert!(job.blocking_wait().is_ok());
+        assert!(job.blocking_wait(None).is_ok());
         support::eventually_blocking("the pool idle", || pool.is_idle());
         support::assert_ledger(&pool.metrics());
     }
@@ -1000,8 +1001,8 @@ fn a_job_offloaded_while_a_chained_job_runs_wakes_the_parked_worker() {
     support::eventually_blocking("b ran while a is held", || {
         b.as_ref().is_some_and(|b| b.is_finished())
     });
-    assert_eq!(b.take().map(|b| b.blocking_wait().ok()), Some(Some(2)));
+    assert_eq!(b.take().map(|b| b.blocking_wait(None).ok()), Some(Some(2)));
     open_a.open();
-    assert!(a.blocking_wait().is_ok());
-    assert!(x1.blocking_wait().is_ok() && x2.blocking_wait().is_ok());
+    assert!(a.blocking_wait(None).is_ok());
+    assert!(x1.blocking_wait(None).is_ok() && x2.blocking_wait(None).is_ok());
 }

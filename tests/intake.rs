@@ -420,7 +420,7 @@ fn snapshots_balance_while_jobs_pass_the_intake() {
     let accepted = race(&pool, 2, 20_000, &ran, None, || ());
     let n = accepted.len();
     for job in accepted {
-        assert!(job.blocking_wait().is_ok());
+        assert!(job.blocking_wait(None).is_ok());
     }
     done.store(true, Ordering::SeqCst);
     assert!(watcher.join().expect("the watcher") > 0);

@@ -138,7 +138,7 @@ fn a_subscriber_panicking_at_accepted_loses_no_job_and_no_room() {
             .offload(|_stop| 5)
             .spawn()
             .expect("room for the next job");
-        assert_eq!(next.blocking_wait().ok(), Some(5));
+        assert_eq!(next.blocking_wait(None).ok(), Some(5));
         pool.shutdown();
         assert!(pool.blocking_await_termination(None));
         pool.metrics()
@@ -220,9 +220,9 @@ fn a_subscriber_panicking_on_a_worker_leaves_the_worker_running() {
         "a job whose start log line panics, then the next one",
         move || {
             let job = pool.offload(|_stop| 1).spawn().expect("room");
-            assert_eq!(job.blocking_wait().ok(), Some(1));
+            assert_eq!(job.blocking_wait(None).ok(), Some(1));
             let next = pool.offload(|_stop| 2).spawn().expect("room");
-            assert_eq!(next.blocking_wait().ok(), Some(2));
+            assert_eq!(next.blocking_wait(None).ok(), Some(2));
             pool.metrics()
         },
     );

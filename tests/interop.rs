@@ -25,14 +25,14 @@ async fn a_group_stops_when_its_token_is_cancelled() {
         .unwrap();
     recv("running", &mut started).await;
     let queued = group.offload(|_| ()).spawn().unwrap();
-    assert!(!group.is_stopped());
+    assert!(!group.metrics().stopped);
     request.cancel();
     assert!(within("the running job", running).await.unwrap(), "stopped");
     assert!(within("the queued job", queued)
         .await
         .unwrap_err()
         .is_cancelled());
-    assert!(group.is_stopped());
+    assert!(group.metrics().stopped);
     assert!(group.offload(|_| ()).spawn().is_err());
 }
 
@@ -43,7 +43,7 @@ async fn an_already_cancelled_token_stops_at_once() {
     let token = CancellationToken::new();
     token.cancel();
     let group = pool.group().stop_on(token);
-    assert!(group.is_stopped());
+    assert!(group.metrics().stopped);
 }
 
 /// Outside a runtime the watch runs on the process's watch thread, which
@@ -61,7 +61,7 @@ fn stop_on_works_outside_a_runtime() {
         sleeping_threads_named(WATCH) > 0
     });
     token.cancel();
-    eventually_blocking("the group stopped", || group.is_stopped());
+    eventually_blocking("the group stopped", || group.metrics().stopped);
 }
 
 /// A job's stop token, watched from async code as a cancellation token; a
@@ -249,7 +249,7 @@ fn queued_jobs_following_tokens_outside_a_runtime_share_one_watch_thread() {
     eventually_blocking(
         "every queued job cancelled, the running one asked to stop",
         || {
-            running.is_stop_requested()
+            running.is_stopped()
                 && queued
                     .iter()
                     .all(|j| j.state() == offloader::JobState::Cancelled)
@@ -301,7 +301,7 @@ fn a_watch_outlives_the_runtime_that_offloaded_the_job() {
     drop(rt);
     recv_blocking("the job started", &mut started);
     token.cancel();
-    within_blocking("the job saw its stop", move || job.blocking_wait())
+    within_blocking("the job saw its stop", move || job.blocking_wait(None))
         .expect("returned once stopped");
 }
 
@@ -386,8 +386,8 @@ fn a_blocking_stop_callback_holds_no_other_watch() {
     });
     b_gate.open();
     release.open();
-    first.blocking_wait().expect("ran");
-    slow.blocking_wait().expect("stopped");
+    first.blocking_wait(None).expect("ran");
+    slow.blocking_wait(None).expect("stopped");
 }
 
 /// A stop callback that a watch fires may wait for a job
@@ -408,7 +408,7 @@ fn a_stop_callback_fired_by_a_watch_may_wait_for_a_job() {
             let abort = stop.on_stop(move || {
                 let waited = other.offload(|_stop| 1).spawn().ok();
                 done_tx
-                    .send(waited.and_then(|h| h.blocking_wait().ok()))
+                    .send(waited.and_then(|h| h.blocking_wait(None).ok()))
                     .ok();
             });
             std::mem::forget(abort);
@@ -423,7 +423,7 @@ fn a_stop_callback_fired_by_a_watch_may_wait_for_a_job() {
     recv_blocking("the job started", &mut started);
     token.cancel();
     assert_eq!(recv_blocking("the callback waited", &mut done), Some(1));
-    job.blocking_wait().expect("stopped");
+    job.blocking_wait(None).expect("stopped");
 }
 
 /// Found by a second hostile review: a caller waiting for room with a job
@@ -640,7 +640,7 @@ fn many_watches_firing_at_once_start_few_threads_child() {
     // Four stop threads, and room for a thread of the pool's own.
     assert!(grown <= 6, "{grown} threads started to run {JOBS} stops");
     gate.open();
-    within_blocking("the first job", move || first.blocking_wait()).expect("ran");
+    within_blocking("the first job", move || first.blocking_wait(None)).expect("ran");
     assert!(queued
         .iter()
         .all(|j| j.state() == offloader::JobState::Cancelled));
@@ -739,7 +739,7 @@ async fn a_job_follows_every_token_it_is_given() {
     let group = pool.group().stop_on(x.clone()).stop_on(y.clone());
     y.cancel();
     eventually("the group stopped by its second token", || {
-        group.is_stopped()
+        group.metrics().stopped
     })
     .await;
 }
@@ -766,8 +766,8 @@ async fn a_cancelled_token_stops_a_groups_jobs_before_stop_on_returns() {
         .stop_on(token)
         .on_drop(offloader::GroupDropPolicy::LetRun);
     assert_eq!(queued.state(), offloader::JobState::Cancelled);
-    assert!(running.is_stop_requested());
-    assert!(group.is_stopped());
+    assert!(running.is_stopped());
+    assert!(group.metrics().stopped);
     assert!(within("the running job", running).await.unwrap());
 }
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use offloader::{JobHandle, Limiter, Offloader};
 use proptest::prelude::*;
-use support::HANG;
+use support::{Ledger, HANG};
 
 const KEYS: [Option<&str>; 3] = [None, Some("a"), Some("b")];
 
@@ -386,7 +386,7 @@ impl Harness {
             .handle
             .take()
             .expect("a running job's handle");
-        if let Err(e) = handle.blocking_wait() {
+        if let Err(e) = handle.blocking_wait(None) {
             self.fail(format!("job {tag} failed: {e}"));
         }
         self.jobs[tag].st = St::Done;

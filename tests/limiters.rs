@@ -764,7 +764,7 @@ async fn waiting_for_a_queued_job_needing_a_limiter_it_holds_cannot_deadlock() {
         let outer = pool
             .offload(move |_| {
                 let inner = p.offload(|_| 5).limiter(&inner_l).spawn().unwrap();
-                inner.blocking_wait().map_err(|e| e.to_string())
+                inner.blocking_wait(None).map_err(|e| e.to_string())
             })
             .limiter(&l);
         let waited = within("outer", outer).await.unwrap();
@@ -803,7 +803,7 @@ async fn a_free_permit_goes_to_a_job_that_can_start_not_to_a_full_pool() {
                 .limiter(&l2)
                 .spawn()
                 .unwrap()
-                .blocking_wait()
+                .blocking_wait(None)
         })
         .spawn()
         .unwrap();
@@ -1015,7 +1015,7 @@ async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused()
                 tx.send(()).unwrap();
                 hold.wait();
                 let inner = p2.offload(move |_| n).limiter(&l2).spawn().unwrap();
-                inner.blocking_wait().map_err(|e| e.to_string())
+                inner.blocking_wait(None).map_err(|e| e.to_string())
             })
             .limiter(&l)
             .spawn()
@@ -1267,7 +1267,7 @@ async fn a_decrease_revokes_a_grant_not_yet_spent() {
     } = k1_blocked_beside_r1(&l, &p).await;
     grant_with_no_worker_to_start_it(&p, holder_gate, holder).await;
     l.set_permits(0);
-    assert_eq!(l.permits(), 0);
+    assert_eq!(l.stats().permits, 0);
     p.__fail_next_thread_spawns(0);
     // A worker looks at the readied lane: no permit left for k1.
     within("a job on p", p.offload(|_| ())).await.unwrap();

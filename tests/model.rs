@@ -89,8 +89,8 @@ use offloader::{
 use proptest::prelude::*;
 // Not a glob: this file's SHORT (1 ms) is its own.
 use support::{
-    builder, gate, poll_once, quiet_deliberate_panics, threads_named, try_within, Gate, Hold, HANG,
-    ON_PURPOSE,
+    builder, gate, poll_once, quiet_deliberate_panics, threads_named, try_within, Gate, Hold,
+    IsIdle, Ledger, HANG, ON_PURPOSE,
 };
 
 /// A caller time-out that fires while the job waits on a closed gate.
@@ -306,10 +306,10 @@ enum Op {
     DropHandle(u8),
     Detach(u8),
     /// Await the handle: its outcome if the job finished, else its spawned
-    /// time-out or a 1 ms `wait_timeout`.
+    /// time-out or a 1 ms `tokio::time::timeout` around it.
     Await(u8),
-    WaitTimeout(u8),
-    /// `blocking_wait` on a plain thread (or `blocking_wait_timeout`).
+    TimeoutAround(u8),
+    /// `blocking_wait` on a plain thread (with or without a limit).
     BlockingWait(u8),
     /// Opens the gate of gated job `g % gated jobs`.
     Release(u16),
@@ -412,7 +412,7 @@ impl fmt::Debug for Op {
             Op::DropHandle(h) => write!(f, "drop(h{h})"),
             Op::Detach(h) => write!(f, "detach(h{h})"),
             Op::Await(h) => write!(f, "await(h{h})"),
-            Op::WaitTimeout(h) => write!(f, "wait_timeout(h{h})"),
+            Op::TimeoutAround(h) => write!(f, "timeout(&mut h{h})"),
             Op::BlockingWait(h) => write!(f, "blocking_wait(h{h})"),
             Op::Release(g) => write!(f, "release(g{g})"),
             Op::ReleaseRunning(i) => write!(f, "release(running#{i})"),
@@ -581,7 +581,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => h.clone().prop_map(Op::DropHandle),
         1 => h.clone().prop_map(Op::Detach),
         2 => h.clone().prop_map(Op::Await),
-        1 => h.clone().prop_map(Op::WaitTimeout),
+        1 => h.clone().prop_map(Op::TimeoutAround),
         1 => h.clone().prop_map(Op::BlockingWait),
         4 => (0u16..8).prop_map(Op::Release),
         1 => h.prop_map(Op::ReleaseRunning),
@@ -2162,7 +2162,7 @@ impl Harness {
             );
             ensure!(
                 self,
-                s.handle.is_stop_requested() == job.stop,
+                s.handle.is_stopped() == job.stop,
                 "handle of job {}: is_stop_requested() is {}",
                 s.tag,
                 job.stop
@@ -2395,9 +2395,9 @@ impl Harness {
                     self.await_handle(i).await;
                 }
             }
-            Op::WaitTimeout(h) => {
+            Op::TimeoutAround(h) => {
                 if let Some(i) = self.pick(h) {
-                    self.wait_timeout(i).await;
+                    self.timeout_around(i).await;
                 }
             }
             Op::BlockingWait(h) => {
@@ -3551,7 +3551,7 @@ impl Harness {
             // The outcome, or the handle's own (spawned) time-out.
             try_within(&what, handle).await
         } else {
-            try_within(&what, handle.wait_timeout(SHORT)).await
+            try_within(&what, user_timeout(SHORT, handle)).await
         };
         let got = waited.unwrap_or_else(|hung| self.fail(hung));
         if st.terminal() {
@@ -3573,22 +3573,34 @@ impl Harness {
         }
     }
 
-    async fn wait_timeout(&mut self, i: usize) {
+    async fn timeout_around(&mut self, i: usize) {
+        if self.slots[i].timer {
+            // The handle's own time-out, set at the spawn, runs out no
+            // later than the user's, and the handle is polled first: this
+            // is an await of the handle.
+            return self.await_handle(i).await;
+        }
         let tag = self.slots[i].tag;
         let st = self.model.jobs[tag].st.clone();
         self.note(format!(" -> job {tag}"));
         let limit = if st.terminal() { LONG } else { SHORT };
-        let what = format!("wait_timeout on job {tag}");
-        let got = match try_within(&what, self.slots[i].handle.wait_timeout(limit)).await {
+        let what = format!("timeout(&mut handle) on job {tag}");
+        let got = match try_within(&what, user_timeout(limit, &mut self.slots[i].handle)).await {
             Ok(got) => got,
             Err(hung) => self.fail(hung),
         };
         if st.terminal() {
             let taken = self.slots[i].taken;
-            self.check_outcome("wait_timeout", tag, taken, &got);
+            self.check_outcome("timeout(&mut handle)", tag, taken, &got);
             self.slots[i].taken = true;
         } else {
-            self.check_timed_out("wait_timeout", tag, st.job_state(), Fate::Kept, &got);
+            self.check_timed_out(
+                "timeout(&mut handle)",
+                tag,
+                st.job_state(),
+                Fate::Kept,
+                &got,
+            );
         }
     }
 
@@ -3599,20 +3611,20 @@ impl Harness {
         let slot = self.slots.remove(i);
         let taken = slot.taken;
         if st.terminal() {
-            let got = std::thread::spawn(move || slot.handle.blocking_wait())
+            let got = std::thread::spawn(move || slot.handle.blocking_wait(None))
                 .join()
                 .expect("blocking_wait thread");
             self.check_outcome("blocking_wait", tag, taken, &got);
         } else {
             let (slot, got) = std::thread::spawn(move || {
-                let mut slot = slot;
-                let got = slot.handle.blocking_wait_timeout(SHORT);
+                let slot = slot;
+                let got = slot.handle.blocking_wait(Some(SHORT));
                 (slot, got)
             })
             .join()
-            .expect("blocking_wait_timeout thread");
+            .expect("limited blocking_wait thread");
             self.check_timed_out(
-                "blocking_wait_timeout",
+                "blocking_wait(Some(_))",
                 tag,
                 st.job_state(),
                 Fate::Kept,
@@ -3899,7 +3911,7 @@ fn every_operation_once() {
             named: true,
         },
         Op::Await(0),
-        Op::WaitTimeout(1),
+        Op::TimeoutAround(1),
         Op::BlockingWait(0),
         Op::Cancel(3),
         Op::Stop(1),
@@ -4240,4 +4252,19 @@ fn a_job_run_behind_the_models_back_is_caught() {
         }
         h.step(1, Op::Cancel(0)).await;
     });
+}
+
+/// A user's `tokio::time::timeout` around `&mut handle`; when it runs out,
+/// what the handle shows then, in the shape of the error the handle's own
+/// time-out gives (the job goes on under the handle: `Fate::Kept`).
+async fn user_timeout(limit: Duration, handle: &mut JobHandle<Val>) -> Result<Val, Error> {
+    match tokio::time::timeout(limit, &mut *handle).await {
+        Ok(got) => got,
+        Err(_) => Err(Error::TimedOut {
+            id: Some(handle.id()),
+            waited: limit,
+            state: Some(handle.state()),
+            fate: Fate::Kept,
+        }),
+    }
 }

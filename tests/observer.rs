@@ -360,7 +360,6 @@ impl Observer for Reentrant {
             self.unbalanced.fetch_add(1, Ordering::SeqCst);
         }
         let _ = pool.running_jobs();
-        let _ = pool.is_idle();
         let _ = pool.is_shutdown();
         let _ = pool.is_terminated();
         // Once: submit a new job from inside the observer.
@@ -828,7 +827,7 @@ async fn an_observer_waiting_on_its_own_pool_does_not_deadlock_it() {
             // Bounded waits on its own pool: answered at once.
             seen.push(format!(
                 "await_termination {}",
-                rt.block_on(pool.await_termination(HANG))
+                pool.blocking_await_termination(Some(HANG))
             ));
             // An offload that would wait for the observer's own lag.
             let submitted = rt.block_on(pool.offload(|_| 0).submit());

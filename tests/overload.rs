@@ -172,7 +172,7 @@ async fn a_job_that_would_miss_its_deadline_behind_the_queue_is_refused_at_once(
     let refused = loop {
         match pool.offload(|_stop| ()).deadline(deadline).spawn() {
             Ok(job) => queued.push(job),
-            Err(e) => break e.into_parts().0,
+            Err(e) => break Error::from(e),
         }
         assert!(queued.len() <= 100, "no job was refused");
     };
@@ -246,7 +246,7 @@ async fn full_and_timed_out_waiting_are_counted_apart() {
     let pool = pool(1, 1);
     let busy = occupy(&pool, 1).await;
     let queued = pool.offload(|_stop| ()).spawn().unwrap();
-    let full = pool.offload(|_stop| ()).spawn().unwrap_err().into_parts().0;
+    let full = Error::from(pool.offload(|_stop| ()).spawn().unwrap_err());
     assert!(matches!(full, Error::Full { .. }), "{full:?}");
     let waited = within(
         "a timed-out wait for room",

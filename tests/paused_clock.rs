@@ -13,7 +13,7 @@ use std::future::IntoFuture;
 use std::time::Duration;
 
 use offloader::{Error, Offloader};
-use support::{gate, recv, signal, HANG};
+use support::{gate, recv, signal, AwaitTermination, HANG};
 
 /// The tests of this binary run one at a time: two of them count the
 /// process's threads, which the others' pools and runtimes would change.
@@ -55,7 +55,7 @@ async fn with_timeout_waits_for_real_work_under_a_paused_clock() {
     .unwrap();
     assert_eq!(v, 2);
 
-    // A spawned handle with a timeout, and wait_timeout.
+    // A spawned handle with a timeout, and a user's timeout around a handle.
     let h = pool
         .offload(work(3))
         .with_timeout(Duration::from_secs(10))
@@ -63,7 +63,8 @@ async fn with_timeout_waits_for_real_work_under_a_paused_clock() {
         .unwrap();
     assert_eq!(h.await.unwrap(), 3);
     let mut h = pool.offload(work(4)).spawn().unwrap();
-    assert_eq!(h.wait_timeout(Duration::from_secs(10)).await.unwrap(), 4);
+    let v = tokio::time::timeout(Duration::from_secs(10), &mut h).await;
+    assert_eq!(v.expect("within 10 s of virtual time").unwrap(), 4);
 }
 
 #[tokio::test(start_paused = true)]

@@ -349,7 +349,7 @@ async fn an_ended_wait_for_an_own_queued_job_no_longer_counts() {
                 // Both permits held once the gate opens: the inner job queues.
                 pool.offload(gated(&hold, &tx, (), move |_| {
                     let inner = p.offload(move |_| i).spawn().unwrap();
-                    inner.blocking_wait().map_err(|e| e.to_string())
+                    inner.blocking_wait(None).map_err(|e| e.to_string())
                 }))
                 .spawn()
                 .unwrap()
@@ -460,8 +460,8 @@ fn tombstones_are_let_go_of_behind_a_held_permit() {
         "RSS grew from {rss_start} KiB to {rss_end} KiB over {ROUNDS} rounds"
     );
     gate.open();
-    blocker.blocking_wait().unwrap();
-    assert_eq!(head.blocking_wait().unwrap(), "head");
+    blocker.blocking_wait(None).unwrap();
+    assert_eq!(head.blocking_wait(None).unwrap(), "head");
 }
 
 /// Opens its gate when it sees a job that never started.

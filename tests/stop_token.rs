@@ -26,7 +26,7 @@ fn on_stop_runs_exactly_once_when_stop_is_requested() {
     let guard = stop.on_stop(move || {
         f.fetch_add(1, Ordering::SeqCst);
     });
-    assert!(guard.is_registered());
+    assert!(format!("{guard:?}").contains("registered: true"));
     assert_eq!(
         fired.load(Ordering::SeqCst),
         0,
@@ -40,7 +40,7 @@ fn on_stop_runs_exactly_once_when_stop_is_requested() {
     );
     assert!(!stop.request_stop(), "a second request is a no-op");
     assert_eq!(fired.load(Ordering::SeqCst), 1, "ran twice");
-    assert!(!guard.is_registered());
+    assert!(format!("{guard:?}").contains("registered: false"));
     drop(guard);
     assert_eq!(fired.load(Ordering::SeqCst), 1);
 }
@@ -99,7 +99,7 @@ fn on_stop_registered_after_stop_runs_at_once_on_this_thread() {
         Some(here),
         "a callback registered after stop runs before on_stop returns"
     );
-    assert!(!guard.is_registered());
+    assert!(format!("{guard:?}").contains("registered: false"));
     drop(guard);
 }
 
@@ -265,8 +265,9 @@ async fn stop_aware_sleep_wakes_early_on_handle_stop() {
         .expect("accepted");
     recv("about to sleep", &mut sleeping).await;
     // The function is (about to be) asleep, not finished.
-    let err = h.wait_timeout(SHORT).await.expect_err("sleeping");
-    assert!(err.is_timeout());
+    tokio::time::timeout(SHORT, &mut h)
+        .await
+        .expect_err("sleeping");
     assert_eq!(h.state(), JobState::Running);
 
     assert!(h.stop());
@@ -299,12 +300,8 @@ fn stop_aware_sleep_without_a_pool() {
         .expect("no panic");
     assert_eq!(out, Err(Stopped));
 
-    // Already stopped: returns at once, also for sleep_until.
+    // Already stopped: returns at once.
     assert_eq!(stop.sleep(Duration::from_secs(3600)), Err(Stopped));
-    assert_eq!(
-        stop.sleep_until(Instant::now() + Duration::from_secs(3600)),
-        Err(Stopped)
-    );
     assert_eq!(stop.sleep(Duration::MAX), Err(Stopped));
 }
 
@@ -427,7 +424,7 @@ fn dropping_one_guard_unregisters_only_its_own_callback() {
         s.fetch_add(1, Ordering::SeqCst);
     });
     drop(gone);
-    assert!(keep.is_registered());
+    assert!(format!("{keep:?}").contains("registered: true"));
     stop.request_stop();
     assert_eq!(first.load(Ordering::SeqCst), 1);
     assert_eq!(second.load(Ordering::SeqCst), 0);

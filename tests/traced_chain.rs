@@ -66,7 +66,7 @@ fn a_subscriber_called_for_a_finished_job_runs_before_the_next_is_started() {
         while !first.is_finished() {
             std::hint::spin_loop();
         }
-        assert!(first.blocking_wait().is_ok());
+        assert!(first.blocking_wait(None).is_ok());
         let outcome = queued.wait().expect("the handle");
         assert_eq!(
             *queued.seen.lock().expect("not poisoned"),

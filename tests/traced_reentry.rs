@@ -13,7 +13,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
 
-use support::{pool, HANG};
+use support::{pool, IsIdle, HANG};
 use tracing::level_filters::LevelFilter;
 
 /// Whether the subscriber listens (its level: everything, or nothing).
@@ -82,8 +82,8 @@ fn a_subscriber_may_wait_for_a_job_after_the_level_rose_during_a_job() {
         .recv_timeout(HANG * 2)
         .expect("the subscriber's wait ended");
     assert_eq!(got, Some(1), "the other job ran meanwhile");
-    assert!(other.blocking_wait().is_ok());
-    assert_eq!(job.blocking_wait().ok(), Some(7));
+    assert!(other.blocking_wait(None).is_ok());
+    assert_eq!(job.blocking_wait(None).ok(), Some(7));
     support::eventually_blocking("the pool idle", || pool.is_idle());
     support::assert_ledger(&pool.metrics());
 }

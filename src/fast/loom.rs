@@ -58,7 +58,7 @@ fn warm_pool() -> Offloader {
         Err(e) => panic!("{e}"),
     };
     let first = pool.offload(|_| ()).spawn().expect("accepted");
-    assert!(first.blocking_wait().is_ok());
+    assert!(first.blocking_wait(None).is_ok());
     pool
 }
 
@@ -84,7 +84,7 @@ fn intake_vs_parking_worker() {
             .offload(move |_| r.store(true, Ordering::SeqCst))
             .spawn()
             .expect("accepted");
-        assert!(job.blocking_wait().is_ok());
+        assert!(job.blocking_wait(None).is_ok());
         assert!(ran.load(Ordering::SeqCst));
         let m = pool.metrics();
         assert!(m.ledger_balances());
@@ -106,7 +106,7 @@ fn intake_vs_a_searcher_taking_a_job() {
             Err(e) => panic!("{e}"),
         };
         let first = pool.offload(|_| ()).spawn().expect("accepted");
-        assert!(first.blocking_wait().is_ok());
+        assert!(first.blocking_wait(None).is_ok());
         let done = Gate::new();
         let set = done.clone();
         let a = pool
@@ -114,8 +114,8 @@ fn intake_vs_a_searcher_taking_a_job() {
             .spawn()
             .expect("accepted");
         let b = pool.offload(move |_| set.open()).spawn().expect("accepted");
-        assert!(b.blocking_wait().is_ok());
-        assert!(a.blocking_wait().is_ok());
+        assert!(b.blocking_wait(None).is_ok());
+        assert!(a.blocking_wait(None).is_ok());
         drop(pool);
     });
 }
@@ -154,9 +154,9 @@ fn a_full_intake_vs_the_worker_emptying_it() {
         // (then the intake was emptied by nobody but their own lock).
         BRANCHES.hit(usize::from(started.load(Ordering::SeqCst)));
         opener.join().expect("the opener");
-        assert!(held.blocking_wait().is_ok());
+        assert!(held.blocking_wait(None).is_ok());
         for job in jobs {
-            assert!(job.blocking_wait().is_ok());
+            assert!(job.blocking_wait(None).is_ok());
         }
         assert_eq!(*order.lock().expect("not poisoned"), [0, 1, 2]);
         let m = pool.metrics();

@@ -49,7 +49,7 @@ fn the_intake_opens_once_a_worker_lives_and_closes_at_shutdown() {
         .expect("valid");
     assert!(closed(&pool), "no worker yet: the first job takes the lock");
     let first = pool.offload(|_stop| ()).spawn().expect("accepted");
-    assert!(first.blocking_wait().is_ok());
+    assert!(first.blocking_wait(None).is_ok());
     assert!(!closed(&pool));
     pool.shutdown();
     assert!(closed(&pool));
@@ -71,11 +71,11 @@ fn the_ring_is_made_by_the_first_job_through_the_intake() {
     assert!(intake().is_empty() && intake().pop().is_none());
     // The first job takes the lock (no worker yet): still no ring.
     let first = pool.offload(|_stop| ()).spawn().expect("accepted");
-    assert!(first.blocking_wait().is_ok());
+    assert!(first.blocking_wait(None).is_ok());
     assert!(!closed(&pool), "a worker lives: the intake is open");
     assert!(!intake().has_ring(), "a job through the lock makes none");
     let second = pool.offload(|_stop| 2).spawn().expect("accepted");
-    assert_eq!(second.blocking_wait().ok(), Some(2));
+    assert_eq!(second.blocking_wait(None).ok(), Some(2));
     assert!(intake().has_ring(), "the job through the intake made it");
 }
 
@@ -115,11 +115,11 @@ fn a_job_waits_in_the_intake_until_the_next_lock() {
     assert_eq!(counted(&pool), 4);
     assert_eq!(limiter.stats().waiting, 1, "counted once");
     go.send(()).expect("the blocker waits");
-    assert!(blocker.blocking_wait().is_ok());
-    assert_eq!(job.blocking_wait().ok(), Some(7));
-    assert_eq!(named.blocking_wait().ok(), Some(8));
-    assert_eq!(limited.blocking_wait().ok(), Some(9));
-    assert_eq!(grouped.blocking_wait().ok(), Some(10));
+    assert!(blocker.blocking_wait(None).is_ok());
+    assert_eq!(job.blocking_wait(None).ok(), Some(7));
+    assert_eq!(named.blocking_wait(None).ok(), Some(8));
+    assert_eq!(limited.blocking_wait(None).ok(), Some(9));
+    assert_eq!(grouped.blocking_wait(None).ok(), Some(10));
     assert_eq!(limiter.stats().waiting, 0);
     assert_eq!(counted(&pool), 0);
 }
@@ -131,8 +131,8 @@ fn a_pool_without_an_intake_takes_the_lock_for_every_job() {
     let job = pool.offload(|_stop| 7).spawn().expect("accepted");
     assert_eq!(counted(&pool), 1);
     go.send(()).expect("the blocker waits");
-    assert!(blocker.blocking_wait().is_ok());
-    assert_eq!(job.blocking_wait().ok(), Some(7));
+    assert!(blocker.blocking_wait(None).is_ok());
+    assert_eq!(job.blocking_wait(None).ok(), Some(7));
 }
 
 #[test]
@@ -153,9 +153,9 @@ fn a_caller_waiting_for_room_closes_the_intake_until_it_leaves() {
     });
     assert!(!closed(&pool), "it left");
     go.send(()).expect("the blocker waits");
-    assert!(blocker.blocking_wait().is_ok());
+    assert!(blocker.blocking_wait(None).is_ok());
     for (i, job) in queued.into_iter().enumerate() {
-        assert_eq!(job.blocking_wait().ok(), Some(i));
+        assert_eq!(job.blocking_wait(None).ok(), Some(i));
     }
 }
 
@@ -198,8 +198,8 @@ fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
     let handle = admitted.expect("room: the job at the intake starts on the free permit");
     locked.join().expect("the submitter");
     go.send(()).expect("the blocker waits");
-    assert!(blocker.blocking_wait().is_ok());
-    assert_eq!(handle.blocking_wait().ok(), Some(2));
+    assert!(blocker.blocking_wait(None).is_ok());
+    assert_eq!(handle.blocking_wait(None).ok(), Some(2));
 }
 
 /// Intake.rs inv. 1: closing the intake (here, a shutdown) waits for a
@@ -234,7 +234,7 @@ fn a_shutdown_waits_for_a_place_reserved_at_the_intake() {
     assert!(m.ledger_balances());
     assert_eq!((m.accepted, m.queued, m.running), (2, 1, 1));
     go.send(()).expect("the blocker waits");
-    assert!(blocker.blocking_wait().is_ok());
+    assert!(blocker.blocking_wait(None).is_ok());
     assert!(pool.blocking_await_termination(Some(std::time::Duration::from_secs(20))));
     let m = pool.metrics();
     assert_eq!((m.accepted, m.completed), (2, 2), "the job ran");

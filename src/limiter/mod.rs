@@ -142,17 +142,12 @@ impl Limiter {
     /// ```
     /// let db = offloader::Limiter::new(1);
     /// db.set_permits(3);
-    /// assert_eq!(db.permits(), 3);
+    /// assert_eq!(db.stats().permits, 3);
     /// ```
     pub fn set_permits(&self, permits: usize) {
         let mut granted = Vec::new();
         self.lock().set_permits(permits, &mut granted);
         self.wake(&granted);
-    }
-
-    /// Its number of permits.
-    pub fn permits(&self) -> usize {
-        self.lock().permits
     }
 
     /// Its counts now.

@@ -236,11 +236,6 @@ impl State {
         Some(g.idle_waiters.get_or_insert_with(Default::default).clone())
     }
 
-    /// Whether group `key` refuses new jobs (closing or stopped).
-    pub(crate) fn group_closed(&self, key: Key) -> bool {
-        self.groups.get(key).is_some_and(|g| g.closed)
-    }
-
     /// Marks group `key` and its descendants stopped (and closed), cancels
     /// their queued jobs (transition *cancel-queued*) and sets the stop
     /// flag of their running ones, all in this one critical section: none
@@ -279,11 +274,6 @@ impl State {
             }
         }
         Some(stopped)
-    }
-
-    /// Whether group `key` is stopped.
-    pub(crate) fn group_stopped(&self, key: Key) -> bool {
-        self.groups.get(key).is_some_and(|g| g.stopped)
     }
 
     /// Every job of group `key` and its descendants is terminal and its

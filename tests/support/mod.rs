@@ -368,7 +368,7 @@ impl<F: Fn(&tracing::Event<'_>) + Send + Sync + 'static> tracing::Subscriber for
 /// intake (src/fast/intake.rs) is open from then on.
 pub(crate) fn warm(pool: &Offloader) {
     let first = pool.offload(|_stop| ()).spawn().expect("a first job");
-    assert!(first.blocking_wait().is_ok(), "the first job runs");
+    assert!(first.blocking_wait(None).is_ok(), "the first job runs");
 }
 
 /// On a one-permit pool, waits until every job accepted before is terminal *and* counted.
@@ -387,7 +387,7 @@ pub(crate) async fn drain_single(pool: &Offloader) {
 #[track_caller]
 pub(crate) fn assert_ledger(m: &Metrics) {
     assert!(
-        m.ledger_balances(),
+        m.accepted == m.queued + m.running + m.terminal(),
         "ledger does not balance: accepted {} != queued {} + running {} + terminal {} ({m:?})",
         m.accepted,
         m.queued,
@@ -651,4 +651,60 @@ pub(crate) fn status_kib(field: &str) -> u64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// The ledger identity, `accepted = queued + running + terminal`, of a
+/// pool's or a group's snapshot.
+pub(crate) trait Ledger {
+    fn ledger_balances(&self) -> bool;
+}
+
+impl Ledger for Metrics {
+    fn ledger_balances(&self) -> bool {
+        self.accepted == self.queued + self.running + self.terminal()
+    }
+}
+
+impl Ledger for offloader::GroupMetrics {
+    fn ledger_balances(&self) -> bool {
+        self.accepted == self.queued + self.running + self.terminal()
+    }
+}
+
+/// A bounded wait for a pool's termination, written the way a user writes
+/// it: `tokio::time::timeout` around `terminated()`.
+pub(crate) trait AwaitTermination {
+    /// Whether the pool terminates within `limit`.
+    async fn await_termination(&self, limit: Duration) -> bool;
+}
+
+impl AwaitTermination for Offloader {
+    async fn await_termination(&self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.terminated()).await.is_ok()
+    }
+}
+
+/// A look at a pool's or group's idleness: whether `idle()` is ready at
+/// once.
+pub(crate) trait IsIdle {
+    fn is_idle(&self) -> bool;
+}
+
+impl IsIdle for Offloader {
+    fn is_idle(&self) -> bool {
+        ready_at_once(self.idle())
+    }
+}
+
+impl IsIdle for offloader::JobGroup {
+    fn is_idle(&self) -> bool {
+        ready_at_once(self.idle())
+    }
+}
+
+/// Whether `fut` is ready on its first poll (a no-op waker).
+pub(crate) fn ready_at_once(fut: impl Future) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    fut.as_mut().poll(&mut cx).is_ready()
 }

@@ -33,8 +33,9 @@ pub enum BatchError<E> {
 }
 
 /// Why an [`invoke_any`](Offloader::invoke_any) has no winner: every job
-/// failed, and here is each one's error. One error type, so that the race
-/// works with `?`.
+/// failed, and here is each one's error.
+///
+/// One error type, so that the race works with `?`.
 ///
 /// Its message counts the failures and quotes the first job's error once
 /// ("all 3 jobs failed; job 0: the function failed: timed out"); the others
@@ -62,8 +63,9 @@ pub enum BatchError<E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct AllFailed<E> {
-    /// Every job's error, in input order: `errors[i]` is job `i`'s. Empty
-    /// when the race had no job.
+    /// Every job's error, in input order: `errors[i]` is job `i`'s.
+    ///
+    /// Empty when the race had no job.
     pub errors: Vec<BatchError<E>>,
 }
 
@@ -112,9 +114,11 @@ impl Target {
 }
 
 impl Offloader {
-    /// Runs every function of `fs` on this pool and returns each outcome,
-    /// in input order, once all are terminal (or the timeout passed: see
-    /// [`InvokeAll::with_timeout`]). Like Java's `invokeAll`.
+    /// Runs every function of `fs` on this pool and returns each outcome, in
+    /// input order, once all are terminal (or the timeout passed: see
+    /// [`InvokeAll::with_timeout`]).
+    ///
+    /// Like Java's `invokeAll`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -135,13 +139,15 @@ impl Offloader {
         InvokeAll::new(Target::Pool(self.clone()), fs)
     }
 
-    /// Runs every function of `fs` on this pool; the first to return `Ok`
-    /// wins and its index and value are returned. The losers are cancelled
-    /// if still queued and stopped if running (their stop tokens are set);
-    /// each keeps its permit until its function really returns. If every
-    /// function fails, the error is [`AllFailed`], with every job's error in
-    /// input order (an empty `fs` gives an empty list). Like Java's
-    /// `invokeAny`, with losers that are told to stop through their token.
+    /// Runs every function of `fs` on this pool; the first to return `Ok` wins
+    /// and its index and value are returned.
+    ///
+    /// The losers are cancelled if still queued and stopped if running (their
+    /// stop tokens are set); each keeps its permit until its function really
+    /// returns. If every function fails, the error is [`AllFailed`], with every
+    /// job's error in input order (an empty `fs` gives an empty list). Like
+    /// Java's `invokeAny`, with losers that are told to stop through their
+    /// token.
     ///
     /// The jobs run in a group of their own: dropping this future before it
     /// finishes stops them all. A queued loser may start in the instant
@@ -388,9 +394,10 @@ impl<F> InvokeAll<F> {
     }
 
     /// The abandon policy of every job of the batch (default: the pool's).
+    ///
     /// When the batch times out or is dropped, it applies the policy to its
-    /// queued jobs first, then to its running ones: a running job stopped
-    /// first could give its permit to a queued job about to be cancelled.
+    /// queued jobs first, then to its running ones: a running job stopped first
+    /// could give its permit to a queued job about to be cancelled.
     pub fn on_abandon(mut self, policy: AbandonPolicy) -> Self {
         self.policy = Some(policy);
         self

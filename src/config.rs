@@ -101,17 +101,20 @@ impl Builder {
         self
     }
 
-    /// How many functions may run at once (default
-    /// [`DEFAULT_MAX_IN_FLIGHT`]). Also the most worker threads the pool
-    /// ever has.
+    /// How many functions may run at once (default [`DEFAULT_MAX_IN_FLIGHT`]).
+    ///
+    /// Also the most worker threads the pool ever has.
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.config.max_in_flight = n;
         self
     }
 
     /// How many accepted jobs may wait for a permit (default
-    /// [`DEFAULT_QUEUE_CAPACITY`]). Beyond it, awaiting an offload waits for
-    /// room and [`Offload::spawn`](crate::Offload::spawn) fails with [`Error::Full`](crate::Error::Full).
+    /// [`DEFAULT_QUEUE_CAPACITY`]).
+    ///
+    /// Beyond it, awaiting an offload waits for room and
+    /// [`Offload::spawn`](crate::Offload::spawn) fails with
+    /// [`Error::Full`](crate::Error::Full).
     ///
     /// Memory: a queued job takes about 120 bytes. A pool that takes jobs
     /// also keeps a lock-free front door for up to 2048 of them (64 bytes
@@ -130,8 +133,9 @@ impl Builder {
     }
 
     /// The name given to worker threads (default `offloader-worker`; the
-    /// stuck-job monitor gets `<name>-monitor`). A name containing a NUL
-    /// byte is refused by [`build`](Self::build).
+    /// stuck-job monitor gets `<name>-monitor`).
+    ///
+    /// A name containing a NUL byte is refused by [`build`](Self::build).
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
         self.config.thread_name = name.into();
         self
@@ -151,9 +155,11 @@ impl Builder {
         self
     }
 
-    /// What happens to a job whose awaiting caller stops waiting (time-out
-    /// or drop) before it finished (default [`AbandonPolicy::Keep`]).
-    /// Overridable per call with [`Offload::on_abandon`](crate::Offload::on_abandon).
+    /// What happens to a job whose awaiting caller stops waiting (time-out or
+    /// drop) before it finished (default [`AbandonPolicy::Keep`]).
+    ///
+    /// Overridable per call with
+    /// [`Offload::on_abandon`](crate::Offload::on_abandon).
     ///
     /// The default keeps the job: a caller's timeout or drop ends its wait
     /// and changes nothing about the job unless a policy says so, since
@@ -169,9 +175,11 @@ impl Builder {
     }
 
     /// Reports a job at `warn`, once, when its function has run longer than
-    /// `threshold` (default: never). Checked by one monitor thread, started
-    /// with the first job when a threshold is set; running jobs are also
-    /// listed by [`Offloader::running_jobs`](crate::Offloader::running_jobs).
+    /// `threshold` (default: never).
+    ///
+    /// Checked by one monitor thread, started with the first job when a
+    /// threshold is set; running jobs are also listed by
+    /// [`Offloader::running_jobs`](crate::Offloader::running_jobs).
     pub fn stuck_after(mut self, threshold: Duration) -> Self {
         self.config.stuck_after = Some(threshold);
         self
@@ -184,10 +192,13 @@ impl Builder {
         self
     }
 
-    /// How many lifecycle events may wait undelivered before admission is
-    /// held back (default [`DEFAULT_OBSERVER_LAG`]): `submit` and awaited
-    /// offloads wait for the observer, [`Offload::spawn`](crate::Offload::spawn)
-    /// is refused with [`Error::ObserverBehind`](crate::Error::ObserverBehind).
+    /// How many lifecycle events may wait undelivered before admission is held
+    /// back (default [`DEFAULT_OBSERVER_LAG`]).
+    ///
+    /// `submit` and awaited offloads wait for the observer,
+    /// [`Offload::spawn`](crate::Offload::spawn) is refused with
+    /// [`Error::ObserverBehind`](crate::Error::ObserverBehind).
+    ///
     /// Events of jobs already accepted are never held back, so at most
     /// `observer_lag + 4 × (queue_capacity + max_in_flight)` events wait.
     pub fn observer_lag(mut self, events: usize) -> Self {
@@ -195,11 +206,12 @@ impl Builder {
         self
     }
 
-    /// How many jobs of one key ([`Offload::key`](crate::Offload::key)) may
-    /// run at once (default: no limit but `max_in_flight`). Jobs of a key at
-    /// its limit wait in its lane without holding back other keys' jobs,
-    /// and the pool serves the keys with a startable job in turn. Zero is
-    /// refused by [`build`](Self::build).
+    /// How many jobs of one key ([`Offload::key`](crate::Offload::key)) may run
+    /// at once (default: no limit but `max_in_flight`).
+    ///
+    /// Jobs of a key at its limit wait in its lane without holding back other
+    /// keys' jobs, and the pool serves the keys with a startable job in turn.
+    /// Zero is refused by [`build`](Self::build).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -219,8 +231,9 @@ impl Builder {
     }
 
     /// How many jobs of `key` may run at once, overriding
-    /// [`max_per_key`](Self::max_per_key) for that key. Zero is refused by
-    /// [`build`](Self::build).
+    /// [`max_per_key`](Self::max_per_key) for that key.
+    ///
+    /// Zero is refused by [`build`](Self::build).
     pub fn key_limit(mut self, key: impl Into<crate::LaneKey>, n: usize) -> Self {
         std::sync::Arc::make_mut(&mut self.config.key_limits.keys).insert(key.into(), n);
         self

@@ -247,11 +247,13 @@ impl fmt::Display for ByJob {
 }
 
 impl Error {
-    /// `true` if the pool was busy: the job was refused at once
-    /// ([`Error::Full`], [`Error::Overloaded`], [`Error::ObserverBehind`],
-    /// [`Error::ThreadSpawn`]) or shed at its turn ([`Error::Overloaded`]);
-    /// it never ran. Try again later (a service answers 503 with
-    /// `Retry-After`).
+    /// `true` if the pool was too busy to run the job: it never ran.
+    ///
+    /// Refused at once ([`Error::Full`], [`Error::Overloaded`],
+    /// [`Error::ObserverBehind`], [`Error::ThreadSpawn`]) or shed at its turn
+    /// ([`Error::Overloaded`]).
+    ///
+    /// Try again later (a service answers 503 with `Retry-After`).
     pub fn is_busy(&self) -> bool {
         matches!(
             self,
@@ -286,8 +288,10 @@ impl Error {
     }
 
     /// The payload of the function's panic, to resume it with
-    /// [`std::panic::resume_unwind`]. A later wait on the same job (the
-    /// first one took the payload) gets the panic's message as a `String`.
+    /// [`std::panic::resume_unwind`].
+    ///
+    /// A later wait on the same job (the first one took the payload) gets the
+    /// panic's message as a `String`.
     ///
     /// # Panics
     ///
@@ -533,9 +537,10 @@ impl<F> From<SubmitError<F>> for Error {
     }
 }
 
-/// The error returned when building an [`Offloader`](crate::Offloader) with
-/// an invalid setting: a programming error, to print. Its message names the
-/// setting and the value refused.
+/// The error returned when building an [`Offloader`](crate::Offloader) with an
+/// invalid setting: a programming error, to print.
+///
+/// Its message names the setting and the value refused.
 ///
 /// ```
 /// let err = offloader::Offloader::builder().max_in_flight(0).build().unwrap_err();

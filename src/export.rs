@@ -15,9 +15,11 @@ use crate::Metrics;
 
 impl Metrics {
     /// Records this snapshot through the [`metrics`](https://docs.rs/metrics)
-    /// facade, into whatever recorder the application installed (a
-    /// Prometheus exporter, StatsD, OpenTelemetry, ...), with the label
-    /// `pool` set to `pool`. Without a recorder it does nothing.
+    /// facade, into whatever recorder the application installed (a Prometheus
+    /// exporter, StatsD, OpenTelemetry, ...), with the label `pool` set to
+    /// `pool`.
+    ///
+    /// Without a recorder it does nothing.
     ///
     /// Call it where the metrics are read: in the handler that renders a
     /// Prometheus scrape, or on a timer. Every field becomes one series:

@@ -17,8 +17,9 @@ use crate::state::{After, StoppedJobs};
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 /// A set of jobs of one [`Offloader`] that are stopped, awaited and closed
-/// together, without shutting the pool down. Created by
-/// [`Offloader::group`]; nested with [`child`](Self::child).
+/// together, without shutting the pool down.
+///
+/// Created by [`Offloader::group`]; nested with [`child`](Self::child).
 ///
 /// Offload through the group as through the pool
 /// ([`JobGroup::offload`]). [`stop`](Self::stop) cancels the group's queued
@@ -91,11 +92,11 @@ impl JobGroup {
         }
     }
 
-    /// A new group nested in this one: stopping or closing this group
-    /// stops or closes the child too; the child's stop does not reach this
-    /// group. This group's [`metrics`](Self::metrics) and
-    /// [`idle`](Self::idle) include the child's jobs. A child of a stopped
-    /// group is born stopped.
+    /// A new group nested in this one: stopping or closing this group stops or
+    /// closes the child too; the child's stop does not reach this group.
+    ///
+    /// This group's [`metrics`](Self::metrics) and [`idle`](Self::idle) include
+    /// the child's jobs. A child of a stopped group is born stopped.
     pub fn child(&self) -> JobGroup {
         JobGroup::new(self.pool.clone(), Some(self.shared.key))
     }
@@ -115,11 +116,14 @@ impl JobGroup {
         self.shared.key
     }
 
-    /// Stops the group and its descendants: new offloads through them are
-    /// refused ([`Error::Cancelled`](crate::Error::Cancelled), `id: None`),
-    /// queued jobs are cancelled (they never run; their owners see
+    /// Stops the group and its descendants.
+    ///
+    /// New offloads through them are refused
+    /// ([`Error::Cancelled`](crate::Error::Cancelled), `id: None`), queued jobs
+    /// are cancelled (they never run; their owners see
     /// [`Error::Cancelled`](crate::Error::Cancelled)) and running ones get
     /// their stop token set (they keep their permits until they return).
+    ///
     /// Returns `false` if the group was already stopped.
     pub fn stop(&self) -> bool {
         self.shared.stop().is_some()
@@ -132,9 +136,10 @@ impl JobGroup {
     }
 
     /// Waits until every job accepted through the group or a descendant is
-    /// terminal and its outcome published. Jobs offloaded while it waits
-    /// are waited for too. Only this group's waiters are woken when it
-    /// becomes idle.
+    /// terminal and its outcome published.
+    ///
+    /// Jobs offloaded while it waits are waited for too. Only this group's
+    /// waiters are woken when it becomes idle.
     ///
     /// Under a paused tokio clock, the wait holds the clock while the
     /// group's jobs run on real threads, as the pool's own waits do.
@@ -194,13 +199,15 @@ impl JobGroup {
         self.shared.inner.lock().group_running_jobs(self.shared.key)
     }
 
-    /// Closes the group in stages, without shutting the pool down: new
-    /// offloads through it (and its descendants) are refused at once, for
-    /// good (its [`GroupMetrics::closed`]); its jobs get up to `graceful`
-    /// to finish; then, if needed, the group is [stopped](Self::stop) and
-    /// gets up to `after_stop` more. The report's `unstarted` lists the
-    /// queued jobs the stop cancelled; `terminated` says whether the group
-    /// went idle.
+    /// Closes the group in stages, without shutting the pool down.
+    ///
+    /// New offloads through it (and its descendants) are refused at once, for
+    /// good (its [`GroupMetrics::closed`]); its jobs get up to `graceful` to
+    /// finish; then, if needed, the group is [stopped](Self::stop) and gets up
+    /// to `after_stop` more.
+    ///
+    /// The report's `unstarted` lists the queued jobs the stop cancelled;
+    /// `terminated` says whether the group went idle.
     ///
     /// Under a paused tokio clock the budgets are measured on that clock,
     /// which the waits hold while the group's jobs run (see

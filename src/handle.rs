@@ -135,9 +135,10 @@ impl<T> JobHandle<T> {
             .hold_while(move || !job.is_published())
     }
 
-    /// Cancels the job. Returns `true` if this call prevented the start:
-    /// the function will never run and the handle resolves to
-    /// [`Error::Cancelled`].
+    /// Cancels the job.
+    ///
+    /// Returns `true` if this call prevented the start: the function will never
+    /// run and the handle resolves to [`Error::Cancelled`].
     ///
     /// If the function already runs, cancel sets its stop token (as
     /// [`stop`](Self::stop) does) and nothing else: the function keeps its
@@ -155,8 +156,9 @@ impl<T> JobHandle<T> {
 
     /// Requests stop through the job's [`StopToken`](crate::StopToken):
     /// [`is_stopped`](crate::StopToken::is_stopped) turns true and
-    /// [`on_stop`](crate::StopToken::on_stop) callbacks run. Returns `true`
-    /// if this call made the request.
+    /// [`on_stop`](crate::StopToken::on_stop) callbacks run.
+    ///
+    /// Returns `true` if this call made the request.
     ///
     /// A queued job that is stopped still starts, with its token already
     /// stopped; a running one keeps its permit until the function returns.
@@ -170,20 +172,22 @@ impl<T> JobHandle<T> {
         self.job.core().is_stop_requested()
     }
 
-    /// Gives up the handle and keeps the job, whatever its abandon policy:
-    /// the offloader runs it and records its outcome. (Dropping the handle
-    /// applies the policy, which keeps the job only under
+    /// Gives up the handle and keeps the job, whatever its abandon policy: the
+    /// offloader runs it and records its outcome.
+    ///
+    /// (Dropping the handle applies the policy, which keeps the job only under
     /// [`AbandonPolicy::Keep`].)
     pub fn detach(self) {
         // The holder has left: its drop applies nothing.
         self.job.core().mark_caller_left();
     }
 
-    /// Blocks the current thread until the outcome is ready, or at most
-    /// `limit` (`None`: no limit), for synchronous callers: plain threads,
-    /// `spawn_blocking`, other pools' jobs. When the limit passes it returns
-    /// [`Error::TimedOut`] and the handle stays usable: the job goes on and
-    /// can be waited for again.
+    /// Blocks the current thread until the outcome is ready, or at most `limit`
+    /// (`None`: no limit), for synchronous callers: plain threads,
+    /// `spawn_blocking`, other pools' jobs.
+    ///
+    /// When the limit passes it returns [`Error::TimedOut`] and the handle
+    /// stays usable: the job goes on and can be waited for again.
     ///
     /// On a tokio multi-thread runtime's worker it blocks through
     /// `tokio::task::block_in_place`, so the worker's other tasks move

@@ -53,9 +53,11 @@ impl JobGroup {
     /// Stops this group when `token` is cancelled, and returns the group:
     /// chains with [`on_drop`](JobGroup::on_drop), as
     /// [`Offload::stop_on`](crate::Offload::stop_on) does with the other
-    /// options of an offload. A stop is [`stop`](JobGroup::stop)'s: new
-    /// offloads through the group are refused, queued jobs cancelled,
-    /// running ones asked to stop, descendants included.
+    /// options of an offload.
+    ///
+    /// A stop is [`stop`](JobGroup::stop)'s: new offloads through the group are
+    /// refused, queued jobs cancelled, running ones asked to stop, descendants
+    /// included.
     ///
     /// Call it once per token: the group follows every token it is given,
     /// and the first one cancelled stops it.
@@ -317,15 +319,16 @@ fn watch_runtime() -> std::io::Result<tokio::runtime::Handle> {
 }
 
 impl StopToken {
-    /// A [`CancellationToken`] that is cancelled when stop is requested on
-    /// this token (at once if it already was), for async code that watches
-    /// a job's stop request, or that hands it to a tokio-util API. Each
-    /// call gives a new token (a child of one the stop cancels, so that
+    /// A [`CancellationToken`] that is cancelled when stop is requested on this
+    /// token (at once if it already was), for async code that watches a job's
+    /// stop request, or that hands it to a tokio-util API.
+    ///
+    /// Each call gives a new token (a child of one the stop cancels, so that
     /// however many are asked for, one stop callback is registered, and a
     /// dropped token leaves nothing behind); it holds nothing of the job's
-    /// alive. That one callback takes the place of the first call among
-    /// the token's callbacks, which run newest first: every token asked
-    /// for later is cancelled in that place too.
+    /// alive. That one callback takes the place of the first call among the
+    /// token's callbacks, which run newest first: every token asked for later
+    /// is cancelled in that place too.
     ///
     /// ```
     /// let stop = offloader::StopToken::new();

@@ -4,10 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// The key of a job's lane: jobs with equal keys share a lane, whose
-/// running jobs are bounded by [`Builder::max_per_key`](crate::Builder::max_per_key)
-/// (or a per-key [`Builder::key_limit`](crate::Builder::key_limit)), and the
-/// pool serves lanes in turn.
+/// The key of a job's lane: jobs with equal keys share a lane.
+///
+/// A lane's running jobs are bounded by
+/// [`Builder::max_per_key`](crate::Builder::max_per_key) (or a per-key
+/// [`Builder::key_limit`](crate::Builder::key_limit)), and the pool serves
+/// lanes in turn.
 ///
 /// Made from a string or an integer; cheap to clone.
 ///

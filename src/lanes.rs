@@ -7,9 +7,11 @@ use crate::pool::{Inner, Offloader};
 use crate::state::After;
 
 impl Offloader {
-    /// The `n` keys ([`Offload::key`](crate::Offload::key)) with the most
-    /// jobs queued and running now, busiest first. Keys without a job are
-    /// not kept. Costs O(keys in use) under the pool's lock.
+    /// The `n` keys ([`Offload::key`](crate::Offload::key)) with the most jobs
+    /// queued and running now, busiest first.
+    ///
+    /// Keys without a job are not kept. Costs O(keys in use) under the pool's
+    /// lock.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -114,8 +114,10 @@ where
 }
 
 impl Offloader {
-    /// The process-wide default offloader behind [`offload()`], built on
-    /// first use with default settings. It is never dropped.
+    /// The process-wide default offloader behind [`offload()`], built on first
+    /// use with default settings.
+    ///
+    /// It is never dropped.
     ///
     /// Like Java's common pool, it **ignores shutdown requests**: any
     /// library in the process can reach it, so none may close it for the

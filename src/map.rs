@@ -23,15 +23,18 @@ use crate::sync::Arc;
 type Call<T, E> = Box<dyn FnOnce(&StopToken) -> Result<T, E> + Send>;
 
 impl Offloader {
-    /// Runs `f` on this pool for each item of `items`, at most
-    /// [`limit`](Map::limit) at once (default: the pool's `max_in_flight`),
-    /// and yields each outcome as a [`Stream`]: in input order (default) or
-    /// in completion order ([`unordered`](Map::unordered)). Items are taken
-    /// from the iterator only as room frees, so memory follows the limit,
-    /// not the input. Like Python's `Executor.map`, bounded. Once the pool
-    /// shuts down or the group is stopped, no more items are taken: each
-    /// item already taken but not yet accepted (up to the limit) yields its
-    /// refusal, and the stream ends after the jobs in flight.
+    /// Runs `f` on this pool for each item of `items`, a bounded number at
+    /// once, as a [`Stream`] of outcomes.
+    ///
+    /// At most [`limit`](Map::limit) run at once (default: the pool's
+    /// `max_in_flight`); outcomes come in input order (default) or in
+    /// completion order ([`unordered`](Map::unordered)).
+    ///
+    /// Items are taken from the iterator only as room frees, so memory follows
+    /// the limit, not the input. Like Python's `Executor.map`, bounded. Once
+    /// the pool shuts down or the group is stopped, no more items are taken:
+    /// each item already taken but not yet accepted (up to the limit) yields
+    /// its refusal, and the stream ends after the jobs in flight.
     ///
     /// The jobs run in a group of their own: dropping the stream stops
     /// those still in flight (queued ones are cancelled, running ones get
@@ -49,18 +52,18 @@ impl Offloader {
     ///
     /// let pool = offloader::Offloader::builder().build()?;
     /// let mut lengths = pool
-    ///     .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
-    ///     .limit(2);
+    /// .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
+    /// .limit(2);
     /// while let Some(len) = lengths.next().await {
-    ///     println!("{}", len?);
+    /// println!("{}", len?);
     /// }
     ///
     /// let sizes: Result<Vec<usize>, _> = pool
-    ///     .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
-    ///     .collect::<Vec<_>>()
-    ///     .await
-    ///     .into_iter()
-    ///     .collect();
+    /// .map(["a", "bb", "ccc"], |s, _stop| Ok::<_, std::io::Error>(s.len()))
+    /// .collect::<Vec<_>>()
+    /// .await
+    /// .into_iter()
+    /// .collect();
     /// assert_eq!(sizes?, [1, 2, 3]);
     /// # Ok(()) }
     /// ```
@@ -160,9 +163,11 @@ impl<It, F, T, E> Map<It, F, T, E> {
 
     crate::batch::lane_methods!("map");
 
-    /// At most `k` jobs in flight (at least 1). In input order, at most `k`
-    /// outcomes wait to be yielded too. Items are taken `k` at a time as
-    /// room frees: with an endless iterator, keep `k` finite and small.
+    /// At most `k` jobs in flight (at least 1).
+    ///
+    /// In input order, at most `k` outcomes wait to be yielded too. Items are
+    /// taken `k` at a time as room frees: with an endless iterator, keep `k`
+    /// finite and small.
     pub fn limit(mut self, k: usize) -> Self {
         self.limit = k.max(1);
         self
@@ -174,19 +179,23 @@ impl<It, F, T, E> Map<It, F, T, E> {
         self
     }
 
-    /// On the first error (a function's `Err`, a panic, ...) stops the
-    /// rest: queued jobs are cancelled, running ones get their stop token
-    /// set, no more items are taken; the stream yields the outcomes before
-    /// the error (in input order: those before it with no gap), then the
-    /// error, then ends. Default: go on and yield every outcome.
+    /// On the first error (a function's `Err`, a panic, ...), stops the rest.
+    ///
+    /// Queued jobs are cancelled, running ones get their stop token set, no
+    /// more items are taken; the stream yields the outcomes before the error
+    /// (in input order: those before it with no gap), then the error, then
+    /// ends.
+    ///
+    /// Default: go on and yield every outcome.
     pub fn stop_on_error(mut self) -> Self {
         self.stop_on_error = true;
         self
     }
 
-    /// Yields each outcome with the index of its item in the input,
-    /// `(usize, Result<T, BatchError<E>>)`, in either order. Call it last:
-    /// the other settings are made on the `Map`.
+    /// Yields each outcome with the index of its item in the input, `(usize,
+    /// Result<T, BatchError<E>>)`, in either order.
+    ///
+    /// Call it last: the other settings are made on the `Map`.
     ///
     /// In completion order it is the way to tell which item an outcome is
     /// for, and with [`stop_on_error`](Map::stop_on_error) in input order it

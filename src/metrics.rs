@@ -73,12 +73,14 @@ pub struct Metrics {
     pub callers_dropped: u64,
     /// Of those, jobs that were running when their caller left.
     pub running_after_caller_left: u64,
-    /// Stop requests that took effect (first request per job) made
-    /// through the pool: a handle's `stop` or `cancel`, a group's stop, an
-    /// abandon policy, `stop_on`, `shutdown_now`. A function that calls
-    /// [`StopToken::request_stop`](crate::StopToken::request_stop) on its
-    /// own token (or a clone of it) sets its flag without the pool, and is
-    /// not counted here.
+    /// Stop requests that took effect (first request per job) made through the
+    /// pool: a handle's `stop` or `cancel`, a group's stop, an abandon policy,
+    /// `stop_on`, `shutdown_now`.
+    ///
+    /// A function that calls
+    /// [`StopToken::request_stop`](crate::StopToken::request_stop) on its own
+    /// token (or a clone of it) sets its flag without the pool, and is not
+    /// counted here.
     pub stop_requests: u64,
     /// The most functions ever running at the same instant.
     pub max_running: u64,
@@ -115,12 +117,13 @@ impl Metrics {
     }
 }
 
-/// A consistent snapshot of a [`JobGroup`](crate::JobGroup)'s counters,
-/// from [`JobGroup::metrics`](crate::JobGroup::metrics). They cover the
-/// jobs offloaded through the group *and through its descendants*, and
-/// change under the pool lock with the job transitions they count, so
-/// `accepted = queued + running + terminal` holds in every snapshot, as for
-/// the pool's [`Metrics`].
+/// A consistent snapshot of a [`JobGroup`](crate::JobGroup)'s counters, from
+/// [`JobGroup::metrics`](crate::JobGroup::metrics).
+///
+/// They cover the jobs offloaded through the group *and through its
+/// descendants*, and change under the pool lock with the job transitions they
+/// count, so `accepted = queued + running + terminal` holds in every snapshot,
+/// as for the pool's [`Metrics`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -138,10 +141,11 @@ impl Metrics {
 pub struct GroupMetrics {
     /// Jobs accepted through the group or a descendant.
     pub accepted: u64,
-    /// Jobs offered through the group or a descendant and refused because
-    /// the group they were offered to was stopped or closing (counted there
-    /// and in every ancestor, as `accepted` is); other refusals (a full
-    /// queue, a pool shutting down) are counted in the pool's [`Metrics`]
+    /// Jobs refused because the group they were offered to (or an ancestor) was
+    /// stopped or closing.
+    ///
+    /// Counted there and in every ancestor, as `accepted` is; other refusals (a
+    /// full queue, a pool shutting down) are counted in the pool's [`Metrics`]
     /// only.
     pub rejected: u64,
     /// Of the accepted jobs, those waiting in the queue now.

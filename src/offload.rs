@@ -88,8 +88,10 @@ impl Options {
 /// The entry point lives here, with the [`Offload`] it makes: the pool
 /// module stays below this one.
 impl Offloader {
-    /// Prepares `f` to run on this pool. Await the result to run it and wait
-    /// for its outcome, or call [`Offload::spawn`] to get an owner handle.
+    /// Prepares `f` to run on this pool.
+    ///
+    /// Await the result to run it and wait for its outcome, or call
+    /// [`Offload::spawn`] to get an owner handle.
     ///
     /// `f` receives the job's [`StopToken`].
     pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
@@ -102,11 +104,14 @@ impl Offloader {
 }
 
 impl JobGroup {
-    /// Prepares `f` to run on the group's pool as a job of this group: as
-    /// [`Offloader::offload`], and the group's [`stop`](JobGroup::stop),
+    /// Prepares `f` to run on the group's pool as a job of this group.
+    ///
+    /// As [`Offloader::offload`], and the group's [`stop`](JobGroup::stop),
     /// [`idle`](JobGroup::idle), [`close`](JobGroup::close) and
-    /// [`metrics`](JobGroup::metrics) include it. Refused with
-    /// [`Error::Cancelled`] (`id: None`) once the group is stopped or closing.
+    /// [`metrics`](JobGroup::metrics) include it.
+    ///
+    /// Refused with [`Error::Cancelled`] (`id: None`) once the group is stopped
+    /// or closing.
     pub fn offload<F, T>(&self, f: F) -> Offload<F, T>
     where
         F: FnOnce(&StopToken) -> T + Send + 'static,
@@ -140,10 +145,11 @@ where
         Offload::with_options(pool, func, Options::default())
     }
 
-    /// Makes the job follow `token` (feature `tokio-util`), so that a tree
-    /// of async cancellation reaches this one blocking job. Call it once
-    /// per token: the job follows each, and the first one cancelled acts,
-    /// by when it is cancelled:
+    /// Makes the job follow `token` (feature `tokio-util`), so that a tree of
+    /// async cancellation reaches this one blocking job.
+    ///
+    /// Call it once per token: the job follows each, and the first one
+    /// cancelled acts, by when it is cancelled:
     ///
     /// - **before `spawn` or `submit` is called, or while its caller waits
     ///   for room:** it never runs (a cancel racing the call itself may
@@ -226,38 +232,47 @@ where
     }
 
     /// A deadline for the job itself, shown to the function as
-    /// [`StopToken::deadline`] (the earlier of this and the caller's
-    /// timeout): a request's deadline carried into its blocking work, without
-    /// bounding anyone's wait (that is [`with_timeout`](Self::with_timeout)).
-    /// The function decides what to do with it once it runs; before that,
-    /// under an abandon policy that cancels, the pool refuses or sheds a job
-    /// that cannot finish by it ([`Error::Overloaded`]: the guide's "Sizing
-    /// and overload").
+    /// [`StopToken::deadline`].
+    ///
+    /// The function sees the earlier of this and the caller's timeout: a
+    /// request's deadline carried into its blocking work, without bounding
+    /// anyone's wait (that is [`with_timeout`](Self::with_timeout)).
+    ///
+    /// The function decides what to do with it once it runs; before that, under
+    /// an abandon policy that cancels, the pool refuses or sheds a job that
+    /// cannot finish by it ([`Error::Overloaded`]: the guide's "Sizing and
+    /// overload").
     pub fn deadline(mut self, at: Instant) -> Self {
         self.opts.deadline = Some(at);
         self
     }
 
-    /// Puts the job in `key`'s lane: at most
-    /// [`Builder::max_per_key`](crate::Builder::max_per_key) (or the key's
-    /// [`key_limit`](crate::Builder::key_limit)) jobs of one key run at
-    /// once, and the pool serves the keys with a startable job in turn, so
-    /// one key's burst cannot hold back another key's job by more than one
-    /// turn. Jobs of one key start in submission order; a job waiting for
-    /// its lane is queued (and cancellable) like any other.
+    /// Puts the job in `key`'s lane, so that one key's burst cannot hold back
+    /// another key's jobs.
+    ///
+    /// At most [`Builder::max_per_key`](crate::Builder::max_per_key) (or the
+    /// key's [`key_limit`](crate::Builder::key_limit)) jobs of one key run at
+    /// once, and the pool serves the keys with a startable job in turn: one
+    /// key's burst holds back another key's job by at most one turn.
+    ///
+    /// Jobs of one key start in submission order; a job waiting for its lane is
+    /// queued (and cancellable) like any other.
     pub fn key(mut self, key: impl Into<crate::LaneKey>) -> Self {
         self.opts.key = Some(key.into());
         self
     }
 
-    /// Makes the job hold a permit of `limiter` while its function runs,
-    /// taken together with its pool permit (and with those of its other
-    /// limiters: call this once per limiter) and given back together with
-    /// it when the function returns or unwinds, never with the caller's
-    /// timeout or drop. A job waiting for a limiter is queued and
-    /// cancellable like any other, and holds back no job of another lane;
-    /// unkeyed jobs with the same limiters share a lane, in submission
-    /// order.
+    /// Makes the job hold a permit of `limiter` for as long as its function
+    /// runs.
+    ///
+    /// The permit is taken together with its pool permit (and with those of its
+    /// other limiters: call this once per limiter) and given back together with
+    /// it when the function returns or unwinds, never with the caller's timeout
+    /// or drop.
+    ///
+    /// A job waiting for a limiter is queued and cancellable like any other,
+    /// and holds back no job of another lane; unkeyed jobs with the same
+    /// limiters share a lane, in submission order.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -308,12 +323,14 @@ where
         }
     }
 
-    /// Submits the job once the queue has room, waiting for it, and returns
-    /// its owner handle. Fails, handing the function back, if the offloader
-    /// shuts down first, no worker thread could be spawned, or the caller's
+    /// Submits the job once the queue has room, waiting for it, and returns its
+    /// owner handle.
+    ///
+    /// Fails, handing the function back, if the offloader shuts down first, no
+    /// worker thread could be spawned, or the caller's
     /// [`with_timeout`](Self::with_timeout) passes while it waits for room
-    /// ([`Error::TimedOut`], `id: None`): the wait for room counts against
-    /// the timeout.
+    /// ([`Error::TimedOut`], `id: None`): the wait for room counts against the
+    /// timeout.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

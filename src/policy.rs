@@ -97,9 +97,10 @@ pub(crate) enum Departure {
     Dropped,
 }
 
-/// What dropping the last handle to a [`JobGroup`](crate::JobGroup) does to
-/// its jobs (and its descendants' jobs). Set with
-/// [`JobGroup::on_drop`](crate::JobGroup::on_drop).
+/// What dropping the last handle to a [`JobGroup`](crate::JobGroup) does to its
+/// jobs (and its descendants' jobs).
+///
+/// Set with [`JobGroup::on_drop`](crate::JobGroup::on_drop).
 ///
 /// Whatever the policy, a running function keeps its permit until it
 /// really returns.

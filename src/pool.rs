@@ -67,8 +67,9 @@ impl Drop for PoolHandle {
 }
 
 impl Builder {
-    /// Checks the configuration and builds the offloader. No thread is
-    /// started until the first job.
+    /// Checks the configuration and builds the offloader.
+    ///
+    /// No thread is started until the first job.
     ///
     /// ```
     /// use offloader::Offloader;
@@ -140,11 +141,12 @@ impl Offloader {
         &self.handle.inner
     }
 
-    /// A handle that does not keep the pool open: an observer, a callback
-    /// or a job that needs to reach its own pool holds one of these, so the
-    /// pool still shuts down when the user drops the last [`Offloader`]
-    /// (a strong clone there would be a reference cycle, keeping the pool
-    /// alive forever).
+    /// A handle that does not keep the pool open, for an observer, a callback
+    /// or a job that needs to reach its own pool.
+    ///
+    /// The pool still shuts down when the user drops the last [`Offloader`]; a
+    /// strong clone there would be a reference cycle, keeping the pool alive
+    /// forever.
     ///
     /// ```
     /// let pool = offloader::Offloader::builder().build().unwrap();

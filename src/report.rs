@@ -7,8 +7,11 @@ use crate::error::Pretty;
 use crate::id::JobId;
 use crate::job_core::JobCore;
 
-/// A job that an immediate shutdown removed from the queue; its function
-/// never ran. Its owner handle resolves to [`Error::ShuttingDown`](crate::Error::ShuttingDown) with its id.
+/// A job that an immediate shutdown removed from the queue; its function never
+/// ran.
+///
+/// Its owner handle resolves to
+/// [`Error::ShuttingDown`](crate::Error::ShuttingDown) with its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnstartedJob {
@@ -44,8 +47,10 @@ pub struct RunningJob {
     pub caller_left: bool,
 }
 
-/// What a staged [`Offloader::close`](crate::Offloader::close) did and left behind. Data, not only a
-/// log line.
+/// What a staged [`Offloader::close`](crate::Offloader::close) did and left
+/// behind.
+///
+/// Data, not only a log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CloseReport {
@@ -62,9 +67,10 @@ pub struct CloseReport {
     pub still_running: Vec<RunningJob>,
     /// Whether the immediate stage was needed.
     pub escalated: bool,
-    /// Whether the pool terminated within the budgets. `false` with
-    /// nothing in `still_running` means its threads were still exiting
-    /// (thread-local destructors) when the budgets ran out: a wait for
+    /// Whether the pool terminated within the budgets.
+    ///
+    /// `false` with nothing in `still_running` means its threads were still
+    /// exiting (thread-local destructors) when the budgets ran out: a wait for
     /// [`terminated`](crate::Offloader::terminated) then ends soon.
     pub terminated: bool,
     /// How long the close took.

@@ -79,9 +79,11 @@ impl Offloader {
         self.inner().shutdown();
     }
 
-    /// Shuts down immediately: new jobs are refused, queued jobs are removed
-    /// and returned (their owner handles resolve to [`Error::ShuttingDown`](crate::Error::ShuttingDown) with their id),
-    /// and running jobs get their stop token set.
+    /// Shuts down immediately, handing the queued jobs back.
+    ///
+    /// New jobs are refused, queued jobs are removed and returned (their owner
+    /// handles resolve to [`Error::ShuttingDown`](crate::Error::ShuttingDown)
+    /// with their id), and running jobs get their stop token set.
     ///
     /// Running functions keep their permits until they really return;
     /// nothing pretends they stopped. Await [`terminated`](Self::terminated)
@@ -105,8 +107,8 @@ impl Offloader {
     /// let pool = offloader::Offloader::builder().max_in_flight(1).build()?;
     /// let (started_tx, started_rx) = std::sync::mpsc::channel();
     /// let running = pool.offload(move |stop| {
-    ///     started_tx.send(()).ok();
-    ///     stop.sleep(Duration::from_secs(60))
+    /// started_tx.send(()).ok();
+    /// stop.sleep(Duration::from_secs(60))
     /// }).spawn()?;
     /// let queued = pool.offload(|_stop| ()).name("never").spawn()?;
     /// started_rx.recv()?;
@@ -179,18 +181,20 @@ impl Offloader {
         unstarted
     }
 
-    /// `true` once a shutdown has begun (no new jobs are accepted). Not the
-    /// same as finished: see [`is_terminated`](Self::is_terminated).
+    /// `true` once a shutdown has begun (no new jobs are accepted).
+    ///
+    /// Not the same as finished: see [`is_terminated`](Self::is_terminated).
     pub fn is_shutdown(&self) -> bool {
         self.inner().lock().is_shutdown()
     }
 
     /// `true` once shutdown has begun, every accepted job is terminal, every
-    /// observer event has been delivered and every pool thread has exited
-    /// and been joined. Never blocks: when the last threads have retired
-    /// but are still exiting (thread-local destructors), it starts joining
-    /// them on a helper thread and answers `false`; a later call answers
-    /// `true`.
+    /// observer event has been delivered and every pool thread has exited and
+    /// been joined.
+    ///
+    /// Never blocks: when the last threads have retired but are still exiting
+    /// (thread-local destructors), it starts joining them on a helper thread
+    /// and answers `false`; a later call answers `true`.
     pub fn is_terminated(&self) -> bool {
         let inner = self.inner();
         let exited = {
@@ -212,9 +216,11 @@ impl Offloader {
         }
         false
     }
-    /// Waits until every accepted job is terminal: nothing queued *and*
-    /// nothing running (asyncio's `Queue.join`). Works at any time, not only
-    /// during shutdown; returns at once if the pool is idle.
+    /// Waits until every accepted job is terminal: nothing queued *and* nothing
+    /// running (asyncio's `Queue.join`).
+    ///
+    /// Works at any time, not only during shutdown; returns at once if the pool
+    /// is idle.
     ///
     /// # Panics
     ///
@@ -240,8 +246,10 @@ impl Offloader {
     }
 
     /// Waits until the pool has terminated: shut down, every accepted job
-    /// terminal, every pool thread exited. Never returns if nothing shuts
-    /// the pool down; bound it with `tokio::time::timeout`.
+    /// terminal, every pool thread exited.
+    ///
+    /// Never returns if nothing shuts the pool down; bound it with
+    /// `tokio::time::timeout`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -280,11 +288,12 @@ impl Offloader {
         .is_ok()
     }
 
-    /// Blocks the current thread until the pool terminates or `limit`
-    /// passes (`None`: no limit); returns whether it terminated. For
-    /// synchronous callers; do not call it on an async runtime's thread.
-    /// With a limit, on one of this pool's own threads, it returns `false`
-    /// at once: termination waits for that thread too.
+    /// Blocks the current thread until the pool terminates or `limit` passes
+    /// (`None`: no limit); returns whether it terminated.
+    ///
+    /// For synchronous callers; do not call it on an async runtime's thread.
+    /// With a limit, on one of this pool's own threads, it returns `false` at
+    /// once: termination waits for that thread too.
     ///
     /// # Panics
     ///
@@ -299,11 +308,15 @@ impl Offloader {
         blocking_wait(self.inner(), Awaited::Termination, until)
     }
 
-    /// Closes the pool in stages, in one call: a graceful shutdown, waiting
-    /// up to `graceful` for termination; then, if needed, an immediate
-    /// shutdown (queued jobs handed back, stop requested on running ones),
-    /// waiting up to `after_stop` more. Returns a [`CloseReport`] naming
-    /// what was left behind, and logs each still-running job at `warn`.
+    /// Closes the pool in stages, in one call, and reports what was left
+    /// behind.
+    ///
+    /// First a graceful shutdown, waiting up to `graceful` for termination;
+    /// then, if needed, an immediate shutdown (queued jobs handed back, stop
+    /// requested on running ones), waiting up to `after_stop` more.
+    ///
+    /// Returns a [`CloseReport`] naming what was left behind, and logs each
+    /// still-running job at `warn`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

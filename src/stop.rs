@@ -246,7 +246,9 @@ impl StopToken {
         self.src.ext(true)
     }
 
-    /// Returns `true` once stop has been requested. One atomic load.
+    /// Returns `true` once stop has been requested.
+    ///
+    /// One atomic load.
     pub fn is_stopped(&self) -> bool {
         // ORDERING: Acquire pairs with the AcqRel swap in `request_stop`, so a
         // function that sees `true` also sees what the stopper wrote before.
@@ -335,8 +337,10 @@ impl StopToken {
         }
     }
 
-    /// Requests stop. Returns `true` if this call made the request, `false`
-    /// if stop had already been requested.
+    /// Requests stop.
+    ///
+    /// Returns `true` if this call made the request, `false` if stop had
+    /// already been requested.
     ///
     /// The thread that makes the request runs the registered
     /// [`on_stop`](Self::on_stop) callbacks before this returns. A callback

@@ -58,10 +58,12 @@ use grants::LimState;
 pub(crate) use grants::TestPool;
 pub(crate) use grants::{PoolRef, Wake, Watcher};
 
-/// A count of permits shared by any offloads of any pools: a resource's
-/// own limit ("4 calls to this SDK client at once", "one writer of this
-/// SQLite file") held for the functions' real run, like the pool's permits,
-/// never given back with a caller's timeout or drop.
+/// A count of permits shared by any offloads of any pools: a resource's own
+/// limit, held for the functions' real run.
+///
+/// For example "4 calls to this SDK client at once" or "one writer of this
+/// SQLite file". Like the pool's permits, a limiter's permit is never given
+/// back with a caller's timeout or drop.
 ///
 /// Give it to offloads with [`Offload::limiter`](crate::Offload::limiter)
 /// (several per job allowed). A job starts only when it holds its pool
@@ -106,24 +108,29 @@ pub(crate) struct Shared {
 pub struct LimiterStats {
     /// Its permits (after the last [`Limiter::set_permits`]).
     pub permits: usize,
-    /// Permits held by running functions now. Above `permits` for a while
-    /// after a decrease: running functions keep theirs.
+    /// Permits held by running functions now.
+    ///
+    /// Above `permits` for a while after a decrease: running functions keep
+    /// theirs.
     pub in_use: usize,
     /// Queued jobs, in any pool, that need a permit of this limiter.
     pub waiting: usize,
     /// The most permits ever held at once.
     pub high_water: usize,
     /// Pools with a queued job that found no permit and waits for one.
-    /// Pools are served in turn: a permit given back while pools wait goes
-    /// to the one that waited longest.
+    ///
+    /// Pools are served in turn: a permit given back while pools wait goes to
+    /// the one that waited longest.
     pub pools_waiting: usize,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Limiter {
-    /// A limiter of `permits` permits. Zero is allowed: its jobs wait until
-    /// [`set_permits`](Self::set_permits) gives some.
+    /// A limiter of `permits` permits.
+    ///
+    /// Zero is allowed: its jobs wait until [`set_permits`](Self::set_permits)
+    /// gives some.
     pub fn new(permits: usize) -> Limiter {
         Limiter {
             shared: Arc::new(Shared {
@@ -135,9 +142,11 @@ impl Limiter {
         }
     }
 
-    /// Changes the number of permits. An increase lets waiting jobs start
-    /// at once; a decrease takes effect as running functions give their
-    /// permits back (none is taken from a running function).
+    /// Changes the number of permits.
+    ///
+    /// An increase lets waiting jobs start at once; a decrease takes effect as
+    /// running functions give their permits back (none is taken from a running
+    /// function).
     ///
     /// ```
     /// let db = offloader::Limiter::new(1);

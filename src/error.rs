@@ -81,7 +81,7 @@ pub enum Error {
     /// Refused at once: the queue was full. Answers
     /// [`is_busy`](Self::is_busy). ([`Offload::submit`](crate::Offload::submit)
     /// and an awaited offload wait for room instead.)
-    #[error("job refused, the function never ran: the queue is full ({capacity} jobs waiting)")]
+    #[error("job refused, the function never ran: the queue is full ({capacity} waiting)")]
     Full {
         /// The queue's capacity.
         capacity: usize,

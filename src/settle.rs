@@ -20,6 +20,13 @@ pub(crate) async fn wait(inner: &Arc<Inner>, awaited: Awaited) {
 
 /// [`wait`] without the refusal of waits that could never end on the
 /// pool's own threads: for a wait that has a limit of its own (`close`).
+///
+/// Retired threads are handed to a short-lived joiner ([`join_elsewhere`])
+/// and the wait goes on watching the state, not the joiner: their join
+/// settles in the state ([`State::joined`]), which signals this waiter. A
+/// waiter that waited on the joiner instead could miss the moment under a
+/// paused test clock: the clock is let go once the state says terminated
+/// (`State::stalled`), and the joiner's own signal comes after that.
 pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
     let settled = awaited.settled();
     // Counted so that transitions signal it ([`State::settle_check`]).
@@ -27,77 +34,50 @@ pub(crate) async fn wait_settled(inner: &Arc<Inner>, awaited: Awaited) {
     let mut waker = inner.progress.registration();
     // Under a paused test clock, waiting for pool work holds the clock.
     let mut hold = None;
-    loop {
-        let exited = poll_fn(|cx| {
-            // Registered before the test: a signal after it is not lost.
-            waker.set(cx.waker());
-            let mut s = inner.lock();
-            if settled(&s) {
-                return Poll::Ready(None);
-            }
-            let exited = if s.threads_retired() {
-                s.workers.take_exited()
-            } else {
-                Vec::new()
-            };
-            drop(s);
-            // Taken before a join too: a thread still exiting is pool work.
-            if hold.is_none() {
-                hold = inner.clock_holds.hold();
-            }
-            if exited.is_empty() {
-                Poll::Pending
-            } else {
-                Poll::Ready(Some(exited))
-            }
-        })
-        .await;
-        match exited {
-            None => return,
-            Some(exited) => join_off_thread(inner, exited).await,
+    poll_fn(|cx| {
+        // Registered before the test: a signal after it is not lost.
+        waker.set(cx.waker());
+        let mut s = inner.lock();
+        if settled(&s) {
+            return Poll::Ready(());
         }
-    }
+        let exited = if s.threads_retired() {
+            s.workers.take_exited()
+        } else {
+            Vec::new()
+        };
+        drop(s);
+        // A thread still exiting is pool work too.
+        if hold.is_none() {
+            hold = inner.clock_holds.hold();
+        }
+        if !exited.is_empty() {
+            join_elsewhere(JoinOnDrop {
+                inner: inner.clone(),
+                handles: exited,
+            });
+        }
+        Poll::Pending
+    })
+    .await;
 }
 
-/// Joins retired threads without blocking an async thread: on a
-/// short-lived thread of its own ([`join_elsewhere`]), else inline. Not on
-/// tokio's blocking pool: under a paused test clock this pool's clock hold
-/// may take its only thread (`max_blocking_threads(1)`) for as long as the
-/// wait lasts, and the join would queue behind it for good.
-async fn join_off_thread(inner: &Arc<Inner>, exited: Vec<crate::sync::thread::JoinHandle<()>>) {
-    let pending = JoinOnDrop {
-        inner: inner.clone(),
-        handles: exited,
-    };
-    // If this wait is dropped, the thread still joins and settles them.
-    if let Some(joined) = join_elsewhere(pending) {
-        let _ = joined.await;
-    }
-}
-
-/// Joins `pending` on a short-lived helper thread, whose end the returned
-/// receiver reports; if none can be spawned, here (and `None`).
-pub(crate) fn join_elsewhere(pending: JoinOnDrop) -> Option<tokio::sync::oneshot::Receiver<()>> {
+/// Joins `pending` on a short-lived helper thread (never on an async
+/// thread, nor on tokio's blocking pool: under a paused test clock this
+/// pool's clock hold may take its only thread, `max_blocking_threads(1)`,
+/// for as long as a wait lasts); if none can be spawned, here.
+pub(crate) fn join_elsewhere(pending: JoinOnDrop) {
     #[cfg(not(loom))]
     {
         let name = format!("{}-reaper", pending.inner.config.thread_name);
-        let (done, joined) = tokio::sync::oneshot::channel();
         // On failure the closure, and with it `pending`, is dropped here:
         // the join happens inline.
-        std::thread::Builder::new()
+        let _ = std::thread::Builder::new()
             .name(name)
-            .spawn(move || {
-                drop(pending);
-                let _ = done.send(());
-            })
-            .ok()
-            .map(|_| joined)
+            .spawn(move || drop(pending));
     }
     #[cfg(loom)]
-    {
-        drop(pending);
-        None
-    }
+    drop(pending);
 }
 
 /// Retired threads' handles that are joined (and settled in the pool's

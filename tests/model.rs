@@ -3316,7 +3316,7 @@ impl Harness {
                     (Err(e), Refusal::Full) => {
                         matches!(e.reason(), Error::Full { capacity } if *capacity == self.cfg.queue_capacity)
                             && text.contains(&format!(
-                                "queue is full ({} jobs waiting)",
+                                "queue is full ({} waiting)",
                                 self.cfg.queue_capacity
                             ))
                     }

@@ -340,9 +340,11 @@ impl Error {
                 capacity: *capacity,
             },
             Error::ObserverBehind { lag } => Error::ObserverBehind { lag: *lag },
-            Error::ThreadSpawn(e) => {
-                Error::ThreadSpawn(std::io::Error::new(e.kind(), e.to_string()))
-            }
+            // The OS's error number survives, where there is one.
+            Error::ThreadSpawn(e) => Error::ThreadSpawn(match e.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(e.kind(), e.to_string()),
+            }),
             Error::ShuttingDown { id } => Error::ShuttingDown { id: *id },
             Error::Cancelled { id } => Error::Cancelled { id: *id },
             Error::Overloaded { id } => Error::Overloaded { id: *id },
@@ -652,6 +654,20 @@ mod tests {
             assert_eq!(again.to_string(), e.to_string());
             assert_eq!(again.job_id(), e.job_id());
         }
+    }
+
+    /// A thread-spawn error read again keeps the OS's error number (an
+    /// `EAGAIN` tells a caller to retry) and its message.
+    #[test]
+    fn a_spawn_error_again_keeps_its_os_error_number() {
+        let os = Error::ThreadSpawn(std::io::Error::from_raw_os_error(11));
+        let again = os.again();
+        assert!(matches!(&again, Error::ThreadSpawn(e) if e.raw_os_error() == Some(11)));
+        assert_eq!(again.to_string(), os.to_string());
+        let plain = Error::ThreadSpawn(std::io::Error::other("no threads"));
+        let again = plain.again();
+        assert!(matches!(&again, Error::ThreadSpawn(e) if e.raw_os_error().is_none()));
+        assert_eq!(again.to_string(), plain.to_string());
     }
 
     /// Durations read in milliseconds below ten seconds, in seconds from

@@ -208,11 +208,11 @@ impl<T> JobHandle<T> {
     /// ```
     /// use std::time::Duration;
     /// let pool = offloader::Offloader::builder().build()?;
-    /// let job = pool.offload(|_stop| 6 * 7).spawn()?;
+    /// let mut job = pool.offload(|_stop| 6 * 7).spawn()?;
     /// assert_eq!(job.blocking_wait(Some(Duration::from_secs(10)))?, 42);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn blocking_wait(&self, limit: Option<Duration>) -> Result<T, Error> {
+    pub fn blocking_wait(&mut self, limit: Option<Duration>) -> Result<T, Error> {
         let _waiting = self.pool.enter_own_wait(self.job.core())?;
         let began = Instant::now();
         let until = limit.map(|limit| crate::clock::deadline_after(began, limit));

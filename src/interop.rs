@@ -426,7 +426,7 @@ mod tests {
 
         // A server-wide token followed by many jobs: no watch is left.
         for i in 0..100 {
-            let job = pool
+            let mut job = pool
                 .offload(move |_stop| i)
                 .stop_on(token.clone())
                 .spawn()
@@ -437,7 +437,7 @@ mod tests {
         assert!(!token.is_cancelled());
 
         // A job following three tokens has one watch.
-        let job = pool
+        let mut job = pool
             .offload(|_stop| 3)
             .stop_on(token.clone())
             .stop_on(token.child_token())
@@ -464,7 +464,7 @@ mod tests {
         let group = pool.group().stop_on(token.clone());
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (started_tx, started) = std::sync::mpsc::channel();
-        let job = group
+        let mut job = group
             .offload(move |_stop| {
                 started_tx.send(()).ok();
                 held.recv().ok();

@@ -17,7 +17,7 @@ fn group_stop_vs_start() {
         let group = pool.group();
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        let job = group
+        let mut job = group
             .offload(move |stop| {
                 r.store(true, Ordering::SeqCst);
                 stop.is_stopped()
@@ -82,7 +82,7 @@ fn nested_stop_vs_child_offload() {
                 ));
                 BRANCHES.hit(0);
             }
-            Ok(job) => match job.blocking_wait(None) {
+            Ok(mut job) => match job.blocking_wait(None) {
                 Err(Error::Cancelled { id: Some(_) }) => {
                     assert!(!ran.load(Ordering::SeqCst));
                     BRANCHES.hit(1);

@@ -56,13 +56,13 @@ fn two_pools_two_limiters_opposite_orders() {
         let (a, b) = (Limiter::new(1), Limiter::new(1));
         let ran = Arc::new(AtomicUsize::new(0));
         let (r1, r2) = (ran.clone(), ran.clone());
-        let x = p
+        let mut x = p
             .offload(move |_stop| r1.fetch_add(1, Ordering::SeqCst))
             .limiter(&a)
             .limiter(&b)
             .spawn()
             .expect("accepted");
-        let y = q
+        let mut y = q
             .offload(move |_stop| r2.fetch_add(1, Ordering::SeqCst))
             .limiter(&b)
             .limiter(&a)
@@ -90,9 +90,9 @@ fn give_back_vs_cancel_in_another_pool() {
     loom::model(|| {
         let (a, b) = (pool(1), pool(1));
         let l = Limiter::new(1);
-        let first = a.offload(|_stop| 1).limiter(&l).spawn().expect("accepted");
+        let mut first = a.offload(|_stop| 1).limiter(&l).spawn().expect("accepted");
         let waiting = b.offload(|_stop| 2).limiter(&l).spawn().expect("accepted");
-        let second = a.offload(|_stop| 3).limiter(&l).spawn().expect("accepted");
+        let mut second = a.offload(|_stop| 3).limiter(&l).spawn().expect("accepted");
         let waiting = Arc::new(waiting);
         let canceller = {
             let waiting = waiting.clone();
@@ -135,7 +135,7 @@ fn grant_to_a_pool_that_goes_away() {
         let l = Limiter::new(1);
         let gate = Arc::new(AtomicUsize::new(0));
         let g = gate.clone();
-        let first = a
+        let mut first = a
             .offload(move |_stop| {
                 // Holds the permit until both others are in line.
                 while g.load(Ordering::SeqCst) < 2 {
@@ -146,9 +146,9 @@ fn grant_to_a_pool_that_goes_away() {
             .limiter(&l)
             .spawn()
             .expect("accepted");
-        let waiting = b.offload(|_stop| 2).limiter(&l).spawn().expect("accepted");
+        let mut waiting = b.offload(|_stop| 2).limiter(&l).spawn().expect("accepted");
         gate.fetch_add(1, Ordering::SeqCst);
-        let last = c.offload(|_stop| 3).limiter(&l).spawn().expect("accepted");
+        let mut last = c.offload(|_stop| 3).limiter(&l).spawn().expect("accepted");
         gate.fetch_add(1, Ordering::SeqCst);
         let leaver = thread::spawn(move || {
             // Too late to cancel: it started (its pool's worker may have

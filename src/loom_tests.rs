@@ -75,7 +75,7 @@ fn start_vs_cancel() {
 fn completion_vs_blocking_waiter() {
     loom::model(|| {
         let pool = pool(1);
-        let job = pool.offload(|_| 7).spawn().expect("accepted");
+        let mut job = pool.offload(|_| 7).spawn().expect("accepted");
         assert_eq!(job.blocking_wait(None).ok(), Some(7));
         drop(pool);
     });
@@ -110,7 +110,7 @@ fn permit_released_before_outcome() {
             .spawn()
             .expect("accepted")
             .detach();
-        let second = pool
+        let mut second = pool
             .offload(work(in_flight.clone(), max_seen.clone()))
             .spawn()
             .expect("accepted");
@@ -198,7 +198,7 @@ pub(crate) fn shutdown_vs_submit_on(pool: Offloader, branches: Option<&Branches<
         .spawn();
     closer.join().unwrap();
     match submitted {
-        Ok(job) => {
+        Ok(mut job) => {
             hit(1);
             assert!(job.blocking_wait(None).is_ok());
             assert!(ran.load(Ordering::SeqCst));
@@ -244,7 +244,7 @@ fn shutdown_now_vs_start() {
         let pool = pool(1);
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        let job = pool
+        let mut job = pool
             .offload(move |_| r.store(true, Ordering::SeqCst))
             .spawn()
             .expect("accepted");

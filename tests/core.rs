@@ -94,7 +94,7 @@ async fn permit_is_held_for_the_functions_real_lifetime() {
 
     // Second job: must not start while the first function is held.
     let (c, tx) = (conc.clone(), started_tx.clone());
-    let second = pool
+    let mut second = pool
         .offload(move |_stop| {
             let _in = c.enter();
             tx.send("b").expect("test alive");
@@ -594,7 +594,7 @@ async fn function_ignoring_its_stop_token_keeps_its_permit() {
     assert_eq!(a.state(), JobState::Running);
 
     let (c, tx) = (conc.clone(), started_tx.clone());
-    let b = pool
+    let mut b = pool
         .offload(move |_stop| {
             let _in = c.enter();
             tx.send("b").expect("test alive");

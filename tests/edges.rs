@@ -167,7 +167,7 @@ async fn huge_durations_mean_no_limit() {
                 .unwrap(),
             4
         );
-        let h = pool.offload(|_| 5).spawn().unwrap();
+        let mut h = pool.offload(|_| 5).spawn().unwrap();
         let v = tokio::task::spawn_blocking(move || h.blocking_wait(Some(limit)))
             .await
             .unwrap();
@@ -514,7 +514,7 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
     let pool = Offloader::builder().max_in_flight(1).build().unwrap();
     let inner_pool = pool.clone();
     let outer = pool.offload(move |_| {
-        let inner = inner_pool.offload(|_| "inner").spawn().unwrap();
+        let mut inner = inner_pool.offload(|_| "inner").spawn().unwrap();
         let id = inner.id();
         let waited = inner.blocking_wait(None);
         (id, waited.map_err(|e| (e.job_id(), e.to_string())))
@@ -539,7 +539,7 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
         pool.offload(move |_| {
             tx.send(()).unwrap();
             hold.wait();
-            let inner = p.offload(move |_| n).spawn().unwrap();
+            let mut inner = p.offload(move |_| n).spawn().unwrap();
             inner.blocking_wait(None).map_err(|e| e.to_string())
         })
         .spawn()
@@ -570,7 +570,7 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
 async fn blocking_wait_on_a_current_thread_runtime_panics() {
     support::quiet_deliberate_panics();
     let pool = Offloader::builder().build().unwrap();
-    let h = pool.offload(|_| 1).spawn().unwrap();
+    let mut h = pool.offload(|_| 1).spawn().unwrap();
     let _ = h.blocking_wait(None);
 }
 
@@ -580,7 +580,7 @@ async fn blocking_wait_on_a_current_thread_runtime_panics() {
 async fn a_limited_blocking_wait_on_a_current_thread_runtime_panics() {
     support::quiet_deliberate_panics();
     let pool = Offloader::builder().build().unwrap();
-    let h = pool.offload(|_| 1).spawn().unwrap();
+    let mut h = pool.offload(|_| 1).spawn().unwrap();
     let _ = h.blocking_wait(Some(std::time::Duration::from_secs(1)));
 }
 
@@ -590,7 +590,7 @@ async fn a_limited_blocking_wait_on_a_current_thread_runtime_panics() {
 #[tokio::test(flavor = "current_thread")]
 async fn blocking_wait_from_spawn_blocking_on_a_current_thread_runtime() {
     let pool = Offloader::builder().build().unwrap();
-    let h = pool.offload(|_| 2).spawn().unwrap();
+    let mut h = pool.offload(|_| 2).spawn().unwrap();
     let v = within(
         "spawn_blocking",
         tokio::task::spawn_blocking(move || h.blocking_wait(None)),
@@ -605,7 +605,7 @@ async fn blocking_wait_on_a_multi_thread_worker_lets_other_tasks_run() {
     let pool = Offloader::builder().build().unwrap();
     let (g, hold) = gate();
     let (tx, mut started) = signal();
-    let h = pool
+    let mut h = pool
         .offload(move |_| {
             tx.send(()).unwrap();
             hold.wait();
@@ -661,7 +661,7 @@ async fn one_monitor_thread_per_pool() {
 async fn a_blocking_wait_from_outside_the_pool_is_not_refused() {
     let pool = Offloader::builder().max_in_flight(1).build().unwrap();
     let occupied = occupy(&pool, 1).await;
-    let queued = pool.offload(|_| 5).spawn().unwrap();
+    let mut queued = pool.offload(|_| 5).spawn().unwrap();
     let mut waiter = tokio::task::spawn_blocking(move || queued.blocking_wait(None));
     assert!(
         support::still_pending(&mut waiter).await,

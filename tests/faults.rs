@@ -197,7 +197,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     // Job 1 runs on the pool's first worker, held on a gate.
     let (g1, hold) = gate();
     let (tx, mut first_started) = signal();
-    let one = pool
+    let mut one = pool
         .offload(move |_| {
             let _ = tx.send(());
             hold.wait();
@@ -225,7 +225,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     // refused, and the failure is counted.
     let ran2 = Arc::new(AtomicBool::new(false));
     let r2 = ran2.clone();
-    let two = pool
+    let mut two = pool
         .offload(move |_| {
             r2.store(true, Ordering::SeqCst);
             2
@@ -271,7 +271,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
         );
         std::thread::yield_now();
     }
-    let three = pool
+    let mut three = pool
         .offload(|_| 3)
         .spawn()
         .expect("an existing worker takes it");
@@ -310,7 +310,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
         "room for the watched pool: {} KiB",
         address_space_left() >> 10
     );
-    let six = watched.offload(|_| 6).spawn().expect("room for its worker");
+    let mut six = watched.offload(|_| 6).spawn().expect("room for its worker");
     let v6 = six.blocking_wait(None).expect("job 6");
     println!(
         "watched pool served without its monitor: {v6} {}",
@@ -326,7 +326,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
     drop(ballast);
     let (g4, hold4) = gate();
     let (tx4, mut four_started) = signal();
-    let four = pool
+    let mut four = pool
         .offload(move |_| {
             let _ = tx4.send(());
             hold4.wait();
@@ -336,7 +336,7 @@ fn child_thread_spawn_fails_under_rlimit_as() {
         .expect("accepted");
     recv_blocking("job 4", &mut four_started);
     // Job 5 runs while job 4 holds the first worker: on a second worker.
-    let five = pool.offload(|_| 5).spawn().expect("accepted");
+    let mut five = pool.offload(|_| 5).spawn().expect("accepted");
     let v5 = five.blocking_wait(None).expect("job 5");
     g4.open();
     let v4 = four.blocking_wait(None).expect("job 4");
@@ -1104,7 +1104,7 @@ fn a_runtime_dropped_while_callers_wait() {
     });
 
     // From a plain thread.
-    let handle = b
+    let mut handle = b
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take()
@@ -1242,7 +1242,7 @@ fn one_offloader_from_several_runtimes_and_plain_threads() {
             let mut n = 0;
             for i in 0..PER {
                 let v = 3_000_000 + p * 100_000 + i;
-                let h = pool.offload(job(v)).spawn().expect("spawned");
+                let mut h = pool.offload(job(v)).spawn().expect("spawned");
                 let got = if i % 2 == 0 {
                     h.blocking_wait(None)
                 } else {
@@ -1266,7 +1266,7 @@ fn one_offloader_from_several_runtimes_and_plain_threads() {
     // Plain thread 0's other job: wait on handles spawned on runtime 0.
     let crossing = std::thread::spawn(move || {
         let mut n = 0;
-        while let Ok(h) = from_runtime.recv_timeout(HANG) {
+        while let Ok(mut h) = from_runtime.recv_timeout(HANG) {
             let v = h.blocking_wait(None).expect("crossed from a runtime");
             assert!(v >= 7_000_000);
             n += 1;

@@ -84,7 +84,7 @@ async fn blocking_wait_from_a_plain_std_thread() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, mut started) = signal::<()>();
     let (g, hold) = gate();
-    let h = pool
+    let mut h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
             hold.wait();
@@ -113,7 +113,7 @@ fn blocking_waits_work_without_any_runtime() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
     let (started_tx, started_rx) = mpsc::channel();
     let (g, hold) = gate();
-    let h = pool
+    let mut h = pool
         .offload(move |_stop| {
             started_tx.send(()).expect("test alive");
             hold.wait();
@@ -135,7 +135,7 @@ fn blocking_waits_work_without_any_runtime() {
         Err(Error::OutcomeTaken { .. })
     ));
 
-    let h = pool.offload(|_stop| "plain").spawn().expect("accepted");
+    let mut h = pool.offload(|_stop| "plain").spawn().expect("accepted");
     assert_eq!(h.blocking_wait(None).unwrap(), "plain");
 }
 
@@ -477,7 +477,7 @@ async fn waiters_parked_on_queued_jobs_are_woken_by_their_discard() {
     });
     recv("the awaited caller pending", &mut pending).await;
     // A blocking waiter on a thread of its own, seen asleep in its wait.
-    let h = pool.offload(|_stop| 2u64).spawn().expect("accepted");
+    let mut h = pool.offload(|_stop| 2u64).spawn().expect("accepted");
     let blocking = std::thread::Builder::new()
         .name(WAITER.into())
         .spawn(move || h.blocking_wait(None))

@@ -706,7 +706,7 @@ fn another_pools_waiter_woken_by_a_limiter_runs_before_the_next_job_is_started()
         let limiter = offloader::Limiter::new(1);
         let next = NextJob::default();
         let (open, hold) = gate();
-        let first = one
+        let mut first = one
             .offload(move |_| hold.wait())
             .limiter(&limiter)
             .spawn()
@@ -715,7 +715,7 @@ fn another_pools_waiter_woken_by_a_limiter_runs_before_the_next_job_is_started()
             limiter.stats().in_use == 1
         });
         next.queue(&one);
-        let blocked = two.offload(|_| ()).limiter(&limiter).spawn().expect("room");
+        let mut blocked = two.offload(|_| ()).limiter(&limiter).spawn().expect("room");
         support::eventually_blocking("a lane of the other pool waits", || {
             limiter.stats().pools_waiting == 1
         });
@@ -775,7 +775,7 @@ fn an_awaiting_caller_s_waker_runs_before_the_next_job_is_started() {
 /// or a drop on a worker does below.
 fn offload_five_and_wait(pool: &Offloader) -> Result<u32, Error> {
     match pool.offload(|_| 5u32).spawn() {
-        Ok(job) => job.blocking_wait(None),
+        Ok(mut job) => job.blocking_wait(None),
         Err(refused) => panic!("refused: {:?}", refused.reason()),
     }
 }
@@ -819,7 +819,7 @@ fn waits_from_the_worker_end(
         } else {
             assert_eq!(waited.ok(), Some(5), "limit {limit}");
         }
-        if let Some(job) = job {
+        if let Some(mut job) = job {
             assert!(job.blocking_wait(None).is_ok());
         }
         support::eventually_blocking("the pool idle", || pool.is_idle());
@@ -944,7 +944,7 @@ fn a_result_dropped_by_the_worker_may_wait_for_another_thread_s_job() {
         .detach();
         open.open();
         began.recv_timeout(HANG).expect("the drop began");
-        let job = pool
+        let mut job = pool
             .offload(move |_| {
                 let _ = value.send(5);
             })
@@ -981,14 +981,14 @@ fn a_job_offloaded_while_a_chained_job_runs_wakes_the_parked_worker() {
             hold.wait();
         }
     };
-    let x1 = pool.offload(held(hold_x1, "x1")).spawn().expect("room");
-    let x2 = pool.offload(held(hold_x2, "x2")).spawn().expect("room");
+    let mut x1 = pool.offload(held(hold_x1, "x1")).spawn().expect("room");
+    let mut x2 = pool.offload(held(hold_x2, "x2")).spawn().expect("room");
     let mut begun: Vec<_> = (0..2)
         .map(|_| starts.recv_timeout(HANG).expect("x1, x2"))
         .collect();
     begun.sort_unstable();
     assert_eq!(begun, ["x1", "x2"]);
-    let a = pool.offload(held(hold_a, "a")).spawn().expect("room");
+    let mut a = pool.offload(held(hold_a, "a")).spawn().expect("room");
     // x1's worker takes `a` as x1 ends (no waker, a caller, no drop glue).
     open_x1.open();
     assert_eq!(starts.recv_timeout(HANG).expect("a"), "a");
@@ -1001,7 +1001,10 @@ fn a_job_offloaded_while_a_chained_job_runs_wakes_the_parked_worker() {
     support::eventually_blocking("b ran while a is held", || {
         b.as_ref().is_some_and(|b| b.is_finished())
     });
-    assert_eq!(b.take().map(|b| b.blocking_wait(None).ok()), Some(Some(2)));
+    assert_eq!(
+        b.take().map(|mut b| b.blocking_wait(None).ok()),
+        Some(Some(2))
+    );
     open_a.open();
     assert!(a.blocking_wait(None).is_ok());
     assert!(x1.blocking_wait(None).is_ok() && x2.blocking_wait(None).is_ok());

@@ -419,7 +419,7 @@ fn snapshots_balance_while_jobs_pass_the_intake() {
     };
     let accepted = race(&pool, 2, 20_000, &ran, None, || ());
     let n = accepted.len();
-    for job in accepted {
+    for mut job in accepted {
         assert!(job.blocking_wait(None).is_ok());
     }
     done.store(true, Ordering::SeqCst);

@@ -134,7 +134,7 @@ fn a_subscriber_panicking_at_accepted_loses_no_job_and_no_room() {
     // for good, the next offer or the shutdown would wait for it, and only
     // that thread would hang (the test fails by its bound).
     let m = within_blocking("the next job, shutdown and termination", move || {
-        let next = pool
+        let mut next = pool
             .offload(|_stop| 5)
             .spawn()
             .expect("room for the next job");
@@ -219,9 +219,9 @@ fn a_subscriber_panicking_on_a_worker_leaves_the_worker_running() {
     let m = within_blocking(
         "a job whose start log line panics, then the next one",
         move || {
-            let job = pool.offload(|_stop| 1).spawn().expect("room");
+            let mut job = pool.offload(|_stop| 1).spawn().expect("room");
             assert_eq!(job.blocking_wait(None).ok(), Some(1));
-            let next = pool.offload(|_stop| 2).spawn().expect("room");
+            let mut next = pool.offload(|_stop| 2).spawn().expect("room");
             assert_eq!(next.blocking_wait(None).ok(), Some(2));
             pool.metrics()
         },

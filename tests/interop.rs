@@ -286,7 +286,7 @@ fn a_watch_outlives_the_runtime_that_offloaded_the_job() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let job = {
+    let mut job = {
         let _inside = rt.enter();
         pool.offload(move |stop| {
             started_tx.send(()).ok();
@@ -350,7 +350,7 @@ fn a_blocking_stop_callback_holds_no_other_watch() {
     let (release, held) = gate();
     let (started_tx, mut started) = signal::<()>();
     let (abort_tx, mut aborting) = signal::<()>();
-    let slow = a
+    let mut slow = a
         .offload(move |stop| {
             // Kept registered (a guard dropped before its callback runs
             // takes it back: the function may see the stop first).
@@ -371,7 +371,7 @@ fn a_blocking_stop_callback_holds_no_other_watch() {
     ta.cancel();
     recv_blocking("the slow abort runs", &mut aborting);
     let (b_gate, b_hold) = gate();
-    let first = b
+    let mut first = b
         .offload(move |_stop| b_hold.wait())
         .spawn()
         .expect("accepted");
@@ -401,14 +401,14 @@ fn a_stop_callback_fired_by_a_watch_may_wait_for_a_job() {
     let token = CancellationToken::new();
     let (started_tx, mut started) = signal::<()>();
     let (done_tx, mut done) = signal::<Option<u32>>();
-    let job = a
+    let mut job = a
         .offload(move |stop| {
             // Kept registered (a guard dropped before its callback runs
             // takes it back: the function may see the stop first).
             let abort = stop.on_stop(move || {
                 let waited = other.offload(|_stop| 1).spawn().ok();
                 done_tx
-                    .send(waited.and_then(|h| h.blocking_wait(None).ok()))
+                    .send(waited.and_then(|mut h| h.blocking_wait(None).ok()))
                     .ok();
             });
             std::mem::forget(abort);
@@ -598,7 +598,7 @@ fn many_watches_firing_at_once_start_few_threads_child() {
     let (started_tx, mut started) = signal::<()>();
     let (gate, hold) = gate();
     let token = CancellationToken::new();
-    let first = pool
+    let mut first = pool
         .offload(move |_stop| {
             started_tx.send(()).ok();
             hold.wait();

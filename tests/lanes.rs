@@ -372,8 +372,8 @@ async fn waiting_for_a_queued_job_of_the_own_key_at_its_limit_cannot_deadlock() 
     let p = pool.clone();
     let outer = pool
         .offload(move |_| {
-            let same = p.offload(|_| "same key").key("k").spawn().unwrap();
-            let other = p.offload(|_| "other key").key("j").spawn().unwrap();
+            let mut same = p.offload(|_| "same key").key("k").spawn().unwrap();
+            let mut other = p.offload(|_| "other key").key("j").spawn().unwrap();
             let other = other.blocking_wait(None).map_err(|e| e.to_string());
             let same = same.blocking_wait(None).map_err(|e| e.to_string());
             (same, other)
@@ -395,7 +395,7 @@ async fn waiting_for_a_queued_job_of_the_own_key_at_its_limit_cannot_deadlock() 
     let p = pool.clone();
     let outer = pool
         .offload(move |_| {
-            let same = p.offload(|_| 7).key("k").spawn().unwrap();
+            let mut same = p.offload(|_| 7).key("k").spawn().unwrap();
             same.blocking_wait(None).map_err(|e| e.to_string())
         })
         .key("k");
@@ -428,7 +428,7 @@ async fn an_ended_wait_for_the_own_key_gives_its_count_back() {
     let p = pool.clone();
     let outer = pool
         .offload(move |_| {
-            let same = p.offload(|_| 7).key("k").spawn().unwrap();
+            let mut same = p.offload(|_| 7).key("k").spawn().unwrap();
             let mut tries = Vec::new();
             for _ in 0..3 {
                 let e = same.blocking_wait(Some(SHORT)).unwrap_err();
@@ -482,7 +482,7 @@ async fn an_own_wait_is_judged_by_the_waiting_functions_own_key() {
     let p = pool.clone();
     let waiter = pool.offload(move |_| {
         KEYS.map(|k| {
-            let queued = p.offload(|_| 7).key(k).spawn().unwrap();
+            let mut queued = p.offload(|_| 7).key(k).spawn().unwrap();
             queued.blocking_wait(Some(SHORT)).map_err(|e| e.to_string())
         })
     });

@@ -382,7 +382,7 @@ impl Harness {
         let (open, cv) = &*self.jobs[tag].gate;
         *open.lock().unwrap() = true;
         cv.notify_all();
-        let handle = self.jobs[tag]
+        let mut handle = self.jobs[tag]
             .handle
             .take()
             .expect("a running job's handle");

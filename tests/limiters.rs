@@ -763,7 +763,7 @@ async fn waiting_for_a_queued_job_needing_a_limiter_it_holds_cannot_deadlock() {
         let (p, inner_l) = (pool.clone(), l.clone());
         let outer = pool
             .offload(move |_| {
-                let inner = p.offload(|_| 5).limiter(&inner_l).spawn().unwrap();
+                let mut inner = p.offload(|_| 5).limiter(&inner_l).spawn().unwrap();
                 inner.blocking_wait(None).map_err(|e| e.to_string())
             })
             .limiter(&l);
@@ -1014,7 +1014,7 @@ async fn of_two_waits_that_would_hold_every_permit_of_a_limiter_one_is_refused()
             p.offload(move |_| {
                 tx.send(()).unwrap();
                 hold.wait();
-                let inner = p2.offload(move |_| n).limiter(&l2).spawn().unwrap();
+                let mut inner = p2.offload(move |_| n).limiter(&l2).spawn().unwrap();
                 inner.blocking_wait(None).map_err(|e| e.to_string())
             })
             .limiter(&l)

@@ -3608,7 +3608,7 @@ impl Harness {
         let tag = self.slots[i].tag;
         let st = self.model.jobs[tag].st.clone();
         self.note(format!(" -> job {tag}"));
-        let slot = self.slots.remove(i);
+        let mut slot = self.slots.remove(i);
         let taken = slot.taken;
         if st.terminal() {
             let got = std::thread::spawn(move || slot.handle.blocking_wait(None))
@@ -3617,7 +3617,7 @@ impl Harness {
             self.check_outcome("blocking_wait", tag, taken, &got);
         } else {
             let (slot, got) = std::thread::spawn(move || {
-                let slot = slot;
+                let mut slot = slot;
                 let got = slot.handle.blocking_wait(Some(SHORT));
                 (slot, got)
             })

@@ -348,7 +348,7 @@ async fn an_ended_wait_for_an_own_queued_job_no_longer_counts() {
                 let p = pool.clone();
                 // Both permits held once the gate opens: the inner job queues.
                 pool.offload(gated(&hold, &tx, (), move |_| {
-                    let inner = p.offload(move |_| i).spawn().unwrap();
+                    let mut inner = p.offload(move |_| i).spawn().unwrap();
                     inner.blocking_wait(None).map_err(|e| e.to_string())
                 }))
                 .spawn()
@@ -432,7 +432,7 @@ fn tombstones_are_let_go_of_behind_a_held_permit() {
     let pool = pool(1, 4);
     let (gate, hold) = gate();
     let (tx, mut started) = signal();
-    let blocker = pool
+    let mut blocker = pool
         .offload(move |_| {
             tx.send(()).unwrap();
             hold.wait();
@@ -441,7 +441,7 @@ fn tombstones_are_let_go_of_behind_a_held_permit() {
         .unwrap();
     recv_blocking("the blocker started", &mut started);
     // Never starts while the blocker runs: at least one queued job.
-    let head = pool.offload(|_| "head").spawn().unwrap();
+    let mut head = pool.offload(|_| "head").spawn().unwrap();
     let round = || {
         let a = pool.offload(|_| "a").name("tombstone").spawn().unwrap();
         let b = pool.offload(|_| "b").name("tombstone").spawn().unwrap();

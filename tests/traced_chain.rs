@@ -45,7 +45,7 @@ fn a_subscriber_called_for_a_finished_job_runs_before_the_next_is_started() {
     for round in 0..50 {
         let (open, hold) = gate();
         let (began, begun) = std::sync::mpsc::channel();
-        let first = pool
+        let mut first = pool
             .offload(move |_| {
                 let _ = began.send(());
                 hold.wait();

@@ -62,7 +62,7 @@ fn a_subscriber_may_wait_for_a_job_after_the_level_rose_during_a_job() {
     *TO.get_or_init(|| Mutex::new(None))
         .lock()
         .expect("not poisoned") = Some((waiting, values, got));
-    let job = pool
+    let mut job = pool
         .offload(|_| {
             // Logging turned up while the job runs (a reload layer would).
             ON.store(true, Ordering::SeqCst);
@@ -72,7 +72,7 @@ fn a_subscriber_may_wait_for_a_job_after_the_level_rose_during_a_job() {
         .spawn()
         .expect("room");
     waits.recv_timeout(HANG).expect("the subscriber waits");
-    let other = pool
+    let mut other = pool
         .offload(move |_| {
             let _ = value.send(1);
         })

@@ -57,7 +57,7 @@ fn warm_pool() -> Offloader {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
     };
-    let first = pool.offload(|_| ()).spawn().expect("accepted");
+    let mut first = pool.offload(|_| ()).spawn().expect("accepted");
     assert!(first.blocking_wait(None).is_ok());
     pool
 }
@@ -80,7 +80,7 @@ fn intake_vs_parking_worker() {
         // The worker is on its way from the first job to its park.
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
-        let job = pool
+        let mut job = pool
             .offload(move |_| r.store(true, Ordering::SeqCst))
             .spawn()
             .expect("accepted");
@@ -105,15 +105,15 @@ fn intake_vs_a_searcher_taking_a_job() {
             Ok(p) => p,
             Err(e) => panic!("{e}"),
         };
-        let first = pool.offload(|_| ()).spawn().expect("accepted");
+        let mut first = pool.offload(|_| ()).spawn().expect("accepted");
         assert!(first.blocking_wait(None).is_ok());
         let done = Gate::new();
         let set = done.clone();
-        let a = pool
+        let mut a = pool
             .offload(move |_| done.wait())
             .spawn()
             .expect("accepted");
-        let b = pool.offload(move |_| set.open()).spawn().expect("accepted");
+        let mut b = pool.offload(move |_| set.open()).spawn().expect("accepted");
         assert!(b.blocking_wait(None).is_ok());
         assert!(a.blocking_wait(None).is_ok());
         drop(pool);
@@ -133,7 +133,7 @@ fn a_full_intake_vs_the_worker_emptying_it() {
         let gate = Gate::new();
         let started = Arc::new(AtomicBool::new(false));
         let (wait, began) = (gate.clone(), started.clone());
-        let held = pool
+        let mut held = pool
             .offload(move |_| {
                 began.store(true, Ordering::SeqCst);
                 wait.wait();
@@ -155,7 +155,7 @@ fn a_full_intake_vs_the_worker_emptying_it() {
         BRANCHES.hit(usize::from(started.load(Ordering::SeqCst)));
         opener.join().expect("the opener");
         assert!(held.blocking_wait(None).is_ok());
-        for job in jobs {
+        for mut job in jobs {
             assert!(job.blocking_wait(None).is_ok());
         }
         assert_eq!(*order.lock().expect("not poisoned"), [0, 1, 2]);

@@ -48,7 +48,7 @@ fn the_intake_opens_once_a_worker_lives_and_closes_at_shutdown() {
         .build()
         .expect("valid");
     assert!(closed(&pool), "no worker yet: the first job takes the lock");
-    let first = pool.offload(|_stop| ()).spawn().expect("accepted");
+    let mut first = pool.offload(|_stop| ()).spawn().expect("accepted");
     assert!(first.blocking_wait(None).is_ok());
     assert!(!closed(&pool));
     pool.shutdown();
@@ -70,20 +70,20 @@ fn the_ring_is_made_by_the_first_job_through_the_intake() {
     assert!(!intake().has_ring(), "a pool built keeps no ring");
     assert!(intake().is_empty() && intake().pop().is_none());
     // The first job takes the lock (no worker yet): still no ring.
-    let first = pool.offload(|_stop| ()).spawn().expect("accepted");
+    let mut first = pool.offload(|_stop| ()).spawn().expect("accepted");
     assert!(first.blocking_wait(None).is_ok());
     assert!(!closed(&pool), "a worker lives: the intake is open");
     assert!(!intake().has_ring(), "a job through the lock makes none");
-    let second = pool.offload(|_stop| 2).spawn().expect("accepted");
+    let mut second = pool.offload(|_stop| 2).spawn().expect("accepted");
     assert_eq!(second.blocking_wait(None).ok(), Some(2));
     assert!(intake().has_ring(), "the job through the intake made it");
 }
 
 #[test]
 fn a_job_waits_in_the_intake_until_the_next_lock() {
-    let (pool, go, blocker) = held(true);
+    let (pool, go, mut blocker) = held(true);
     let intake = pool.inner().intake.clone().expect("an intake");
-    let job = pool.offload(|_stop| 7).spawn().expect("accepted");
+    let mut job = pool.offload(|_stop| 7).spawn().expect("accepted");
     // Nobody took the lock since: the worker runs the blocker.
     assert!(!intake.is_empty(), "the job passed the intake");
     assert_eq!(counted(&pool), 1, "its place is reserved");
@@ -94,14 +94,14 @@ fn a_job_waits_in_the_intake_until_the_next_lock() {
     // A named and keyed job passes it too, and one needing a limiter
     // (counted as waiting by its submitter); one of a group takes the
     // lock, which moves the others into the queue ahead of it.
-    let named = pool
+    let mut named = pool
         .offload(|_stop| 8)
         .name("named")
         .key("k")
         .spawn()
         .expect("accepted");
     let limiter = crate::Limiter::new(4);
-    let limited = pool
+    let mut limited = pool
         .offload(|_stop| 9)
         .limiter(&limiter)
         .spawn()
@@ -110,7 +110,7 @@ fn a_job_waits_in_the_intake_until_the_next_lock() {
     assert_eq!(counted(&pool), 3);
     assert!(!intake.is_empty());
     let group = pool.group();
-    let grouped = group.offload(|_stop| 10).spawn().expect("accepted");
+    let mut grouped = group.offload(|_stop| 10).spawn().expect("accepted");
     assert!(intake.is_empty());
     assert_eq!(counted(&pool), 4);
     assert_eq!(limiter.stats().waiting, 1, "counted once");
@@ -126,9 +126,9 @@ fn a_job_waits_in_the_intake_until_the_next_lock() {
 
 #[test]
 fn a_pool_without_an_intake_takes_the_lock_for_every_job() {
-    let (pool, go, blocker) = held(false);
+    let (pool, go, mut blocker) = held(false);
     assert!(pool.inner().intake.is_none());
-    let job = pool.offload(|_stop| 7).spawn().expect("accepted");
+    let mut job = pool.offload(|_stop| 7).spawn().expect("accepted");
     assert_eq!(counted(&pool), 1);
     go.send(()).expect("the blocker waits");
     assert!(blocker.blocking_wait(None).is_ok());
@@ -137,7 +137,7 @@ fn a_pool_without_an_intake_takes_the_lock_for_every_job() {
 
 #[test]
 fn a_caller_waiting_for_room_closes_the_intake_until_it_leaves() {
-    let (pool, go, blocker) = held(true);
+    let (pool, go, mut blocker) = held(true);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a runtime");
@@ -154,7 +154,7 @@ fn a_caller_waiting_for_room_closes_the_intake_until_it_leaves() {
     assert!(!closed(&pool), "it left");
     go.send(()).expect("the blocker waits");
     assert!(blocker.blocking_wait(None).is_ok());
-    for (i, job) in queued.into_iter().enumerate() {
+    for (i, mut job) in queued.into_iter().enumerate() {
         assert_eq!(job.blocking_wait(None).ok(), Some(i));
     }
 }
@@ -165,7 +165,7 @@ fn a_caller_waiting_for_room_closes_the_intake_until_it_leaves() {
 /// intake, waits for that job, and judges on the exact queue.
 #[test]
 fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
-    let (pool, go, blocker) = held_in(
+    let (pool, go, mut blocker) = held_in(
         Offloader::builder()
             .max_in_flight(2)
             .queue_capacity(1)
@@ -195,7 +195,7 @@ fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
             .recv_timeout(std::time::Duration::from_secs(20))
             .expect("admission once the job arrived"),
     };
-    let handle = admitted.expect("room: the job at the intake starts on the free permit");
+    let mut handle = admitted.expect("room: the job at the intake starts on the free permit");
     locked.join().expect("the submitter");
     go.send(()).expect("the blocker waits");
     assert!(blocker.blocking_wait(None).is_ok());
@@ -208,7 +208,7 @@ fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
 /// on its way, to be pushed into an intake nobody empties.
 #[test]
 fn a_shutdown_waits_for_a_place_reserved_at_the_intake() {
-    let (pool, go, blocker) = held(true);
+    let (pool, go, mut blocker) = held(true);
     assert!(pool.inner().queue_count.reserve_at_intake(4));
     let (done, shut) = mpsc::channel();
     let closer = pool.clone();

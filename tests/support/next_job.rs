@@ -72,6 +72,6 @@ impl NextJob {
                 .is_none_or(|h| h.is_finished())
         });
         let h = self.handle.lock().expect("not poisoned").take();
-        h.map(|h| h.blocking_wait(None))
+        h.map(|mut h| h.blocking_wait(None))
     }
 }

@@ -94,6 +94,7 @@ struct Args {
     query_ms: u64,
     rows: Option<i64>,
     self_check: bool,
+    nice_db: Option<i32>,
 }
 
 fn parse_args() -> Res<Args> {
@@ -104,6 +105,7 @@ fn parse_args() -> Res<Args> {
         query_ms: 20,
         rows: None,
         self_check: false,
+        nice_db: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -115,6 +117,7 @@ fn parse_args() -> Res<Args> {
             "--query-ms" => args.query_ms = value()?.parse()?,
             "--rows" => args.rows = Some(value()?.parse()?),
             "--self-check" => args.self_check = true,
+            "--nice-db" => args.nice_db = Some(value()?.parse()?),
             other => {
                 return Err(format!(
                     "unknown argument {other:?}; usage: service [--addr ADDR] [--naive] \
@@ -154,7 +157,7 @@ async fn run() -> Res<()> {
         Duration::from_millis(100)
     });
     let app = Arc::new(App {
-        db: Arc::new(Db::new(rows)),
+        db: Arc::new(Db::new(rows, args.nice_db)),
         timeout,
         naive: args.naive,
         pool: Offloader::builder()
@@ -261,6 +264,42 @@ struct Db {
     failed: AtomicU64,
     /// Stopped after the function began but before its query did.
     stopped_before_query: AtomicU64,
+    /// The nice value each thread that runs queries takes on its first
+    /// query (`--nice-db`), if any.
+    nice: Option<i32>,
+    /// The handler's own time for each 503, in microseconds, by cause.
+    unavailable: std::sync::Mutex<Vec<(Cause, u32)>>,
+}
+
+/// Why a request was answered 503.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// Refused at admission (`Overloaded` without an id, or `Full`).
+    Refused,
+    /// Shed at its turn (`Overloaded` with an id).
+    Shed,
+    /// The caller's timeout.
+    Timeout,
+    /// Anything else (shutdown).
+    Other,
+}
+
+impl Cause {
+    const ALL: [(Cause, &'static str); 4] = [
+        (Cause::Refused, "refused"),
+        (Cause::Shed, "shed"),
+        (Cause::Timeout, "timeout"),
+        (Cause::Other, "other"),
+    ];
+
+    fn of(e: &offloader::Error) -> Self {
+        match e {
+            offloader::Error::Overloaded { id: Some(_) } => Cause::Shed,
+            _ if e.is_busy() => Cause::Refused,
+            _ if e.is_timeout() => Cause::Timeout,
+            _ => Cause::Other,
+        }
+    }
 }
 
 thread_local! {
@@ -269,7 +308,7 @@ thread_local! {
 }
 
 impl Db {
-    fn new(rows: i64) -> Self {
+    fn new(rows: i64, nice: Option<i32>) -> Self {
         Db {
             rows,
             running: AtomicU64::new(0),
@@ -279,12 +318,77 @@ impl Db {
             interrupted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             stopped_before_query: AtomicU64::new(0),
+            nice,
+            unavailable: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn record_unavailable(&self, cause: Cause, began: Instant) {
+        let us = u32::try_from(began.elapsed().as_micros()).unwrap_or(u32::MAX);
+        if let Ok(mut v) = self.unavailable.lock() {
+            v.push((cause, us));
+        }
+    }
+
+    /// Per cause: count, p50, p99, max of the handler's time of the 503s,
+    /// in milliseconds, as JSON.
+    fn unavailable_json(&self) -> String {
+        let all = self
+            .unavailable
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        let parts: Vec<String> = Cause::ALL
+            .iter()
+            .map(|(cause, name)| {
+                let mut us: Vec<u32> = all
+                    .iter()
+                    .filter(|(c, _)| c == cause)
+                    .map(|(_, t)| *t)
+                    .collect();
+                us.sort_unstable();
+                let q = |p: f64| {
+                    if us.is_empty() {
+                        0.0
+                    } else {
+                        let i = ((p * us.len() as f64).ceil() as usize).clamp(1, us.len()) - 1;
+                        f64::from(us[i]) / 1e3
+                    }
+                };
+                format!(
+                    "\"{name}\": [{}, {:.3}, {:.3}, {:.3}]",
+                    us.len(),
+                    q(0.5),
+                    q(0.99),
+                    q(1.0)
+                )
+            })
+            .collect();
+        format!("{{{}}}", parts.join(", "))
+    }
+
+    /// Lowers this thread's priority to `self.nice`, once per thread.
+    fn nice_this_thread(&self) {
+        thread_local! {
+            static NICED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        let Some(nice) = self.nice else { return };
+        if NICED.with(|n| n.replace(true)) {
+            return;
+        }
+        // SAFETY: gettid and setpriority take and return plain integers;
+        // on Linux PRIO_PROCESS with a thread id sets that thread's nice.
+        let r =
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+        if r != 0 {
+            eprintln!("setpriority({nice}): {}", std::io::Error::last_os_error());
         }
     }
 
     /// Runs the query on this thread's connection. With a stop token, a
     /// stop request interrupts it (SQLite's interrupt handle).
     fn query(&self, stop: Option<&StopToken>) -> rusqlite::Result<i64> {
+        self.nice_this_thread();
         CONN.with(|cell| {
             let mut cell = cell.borrow_mut();
             let conn = match &mut *cell {
@@ -335,6 +439,7 @@ fn interrupted() -> rusqlite::Error {
 /// `GET /q`, the natural way: the pool holds the limit, the caller's
 /// timeout cancels a queued query and interrupts a running one.
 async fn query(State(app): State<Arc<App>>) -> Response {
+    let began = Instant::now();
     let db = app.db.clone();
     let result = app
         .pool
@@ -345,7 +450,10 @@ async fn query(State(app): State<Arc<App>>) -> Response {
     match result {
         Ok(Ok(n)) => (StatusCode::OK, format!("{n}\n")).into_response(),
         Ok(Err(e)) => internal_error(e),
-        Err(e) if e.is_busy() || e.is_timeout() || e.is_shutdown() => unavailable(e),
+        Err(e) if e.is_busy() || e.is_timeout() || e.is_shutdown() => {
+            app.db.record_unavailable(Cause::of(&e), began);
+            unavailable(e)
+        }
         Err(e) => internal_error(e),
     }
 }
@@ -353,6 +461,7 @@ async fn query(State(app): State<Arc<App>>) -> Response {
 /// `GET /q --naive`: a semaphore held by the handler's future, released at
 /// the timeout while the query goes on.
 async fn query_naive(State(app): State<Arc<App>>) -> Response {
+    let began = Instant::now();
     let db = app.db.clone();
     let work = async {
         let _permit = app.semaphore.acquire().await?;
@@ -363,7 +472,10 @@ async fn query_naive(State(app): State<Arc<App>>) -> Response {
     match tokio::time::timeout(app.timeout, work).await {
         Ok(Ok(n)) => (StatusCode::OK, format!("{n}\n")).into_response(),
         Ok(Err(e)) => internal_error(e),
-        Err(elapsed) => unavailable(elapsed),
+        Err(elapsed) => {
+            app.db.record_unavailable(Cause::Timeout, began);
+            unavailable(elapsed)
+        }
     }
 }
 
@@ -396,7 +508,8 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
             "{{\"variant\": \"{}\", \"limit\": {}, \"timeout_ms\": {}, \"rows\": {}, ",
             "\"running\": {}, \"max_running\": {}, \"started\": {}, \"finished\": {}, ",
             "\"interrupted\": {}, \"failed\": {}, \"stopped_before_query\": {}, ",
-            "\"threads\": {}, \"rss_kb\": {}, \"rss_peak_kb\": {}, \"pool\": {}}}\n"
+            "\"threads\": {}, \"rss_kb\": {}, \"rss_peak_kb\": {}, \"pool\": {}, ",
+            "\"handler_503_ms\": {}}}\n"
         ),
         if app.naive { "naive" } else { "offloader" },
         LIMIT,
@@ -413,6 +526,7 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
         rss_kb,
         rss_peak_kb,
         pool,
+        db.unavailable_json(),
     );
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

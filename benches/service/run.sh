@@ -17,7 +17,11 @@
 #    of 16 connections (four times the limit), 200s per second; measured at
 #    the start (it sets the offered loads) and again at the end (drift).
 # 4. Each round runs every load (LOADS, times the capacity) with each
-#    variant, alternating which variant goes first; a fresh server per run.
+#    variant (VARIANTS), rotating which variant goes first; a fresh server
+#    per run. A variant is `offloader` or `naive`, with `+` options:
+#    `+fifo`, `+lifo`, `+codel` (EXPERIMENTAL, branch order: the pool's
+#    queue discipline, OFFLOADER_ORDER) and `+nice` (the threads that run
+#    SQLite at nice NICE_DB, 10 by default: --nice-db).
 #    oha: fixed rate, 1000 connections (enough that none waits for a free
 #    one), --latency-correction (latency counted from when a request was
 #    due, not when a connection was free), -w (requests in flight at the end
@@ -38,6 +42,8 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-15}
 LOADS=${LOADS:-"0.5 1 1.5 2 3"}
+VARIANTS=${VARIANTS:-"offloader naive"}
+NICE_DB=${NICE_DB:-10}
 CAPACITY_SECONDS=${CAPACITY_SECONDS:-10}
 TIMEOUT_MS=${TIMEOUT_MS:-100}
 QUERY_MS=${QUERY_MS:-20}
@@ -81,8 +87,17 @@ start() {
   for _ in 1 2 3 4 5; do
     PORT=$((PORT + 1))
     local args=(--addr "127.0.0.1:$PORT" --timeout-ms "$timeout" "$@")
-    [ "$variant" = naive ] && args+=(--naive)
-    "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
+    local order=fifo opt
+    case "$variant" in naive*) args+=(--naive) ;; esac
+    for opt in $(tr '+' ' ' <<<"${variant#*+}"); do
+      [ "$opt" = "$variant" ] && break
+      case "$opt" in
+        fifo | lifo | codel) order=$opt ;;
+        nice) args+=(--nice-db "$NICE_DB") ;;
+        *) echo "unknown variant option $opt in $variant" && exit 1 ;;
+      esac
+    done
+    OFFLOADER_ORDER=$order "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
     server=$!
     url="http://127.0.0.1:$PORT"
     for _ in $(seq 100); do
@@ -167,7 +182,10 @@ echo "capacity: $cap requests/s answered 200 (offloader, closed loop of 16, time
 
 printf 'variant\tfactor\trate\tround\tname\n' >"$work/runs.tsv"
 for round in $(seq "$ROUNDS"); do
-  if [ $((round % 2)) = 1 ]; then variants="offloader naive"; else variants="naive offloader"; fi
+  # Rotated by one per round: each variant goes first in turn.
+  read -ra vs <<<"$VARIANTS"
+  k=$(((round - 1) % ${#vs[@]}))
+  variants="${vs[*]:k} ${vs[*]:0:k}"
   for factor in $LOADS; do
     rate=$(python3 -c "print(max(1, round($factor * $cap)))")
     for variant in $variants; do
@@ -219,6 +237,8 @@ cat >"$work/meta.json" <<EOF
   "seconds_per_run": $SECONDS_PER_RUN,
   "capacity_seconds": $CAPACITY_SECONDS,
   "connections": $CONNECTIONS,
+  "variants": "$VARIANTS",
+  "nice_db": $NICE_DB,
   "quiet_waited_seconds": $waited,
   "wall_seconds": $(($(date +%s) - began))
 }

@@ -95,6 +95,7 @@ struct Args {
     rows: Option<i64>,
     self_check: bool,
     nice_db: Option<i32>,
+    idle_db: bool,
 }
 
 fn parse_args() -> Res<Args> {
@@ -106,6 +107,7 @@ fn parse_args() -> Res<Args> {
         rows: None,
         self_check: false,
         nice_db: None,
+        idle_db: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -118,6 +120,7 @@ fn parse_args() -> Res<Args> {
             "--rows" => args.rows = Some(value()?.parse()?),
             "--self-check" => args.self_check = true,
             "--nice-db" => args.nice_db = Some(value()?.parse()?),
+            "--idle-db" => args.idle_db = true,
             other => {
                 return Err(format!(
                     "unknown argument {other:?}; usage: service [--addr ADDR] [--naive] \
@@ -157,7 +160,7 @@ async fn run() -> Res<()> {
         Duration::from_millis(100)
     });
     let app = Arc::new(App {
-        db: Arc::new(Db::new(rows, args.nice_db)),
+        db: Arc::new(Db::new(rows, args.nice_db, args.idle_db)),
         timeout,
         naive: args.naive,
         pool: Offloader::builder()
@@ -267,6 +270,8 @@ struct Db {
     /// The nice value each thread that runs queries takes on its first
     /// query (`--nice-db`), if any.
     nice: Option<i32>,
+    /// The threads that run queries run under SCHED_IDLE (`--idle-db`).
+    idle: bool,
     /// The handler's own time for each 503, in microseconds, by cause.
     unavailable: std::sync::Mutex<Vec<(Cause, u32)>>,
 }
@@ -308,7 +313,7 @@ thread_local! {
 }
 
 impl Db {
-    fn new(rows: i64, nice: Option<i32>) -> Self {
+    fn new(rows: i64, nice: Option<i32>, idle: bool) -> Self {
         Db {
             rows,
             running: AtomicU64::new(0),
@@ -319,6 +324,7 @@ impl Db {
             failed: AtomicU64::new(0),
             stopped_before_query: AtomicU64::new(0),
             nice,
+            idle,
             unavailable: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -372,10 +378,18 @@ impl Db {
         thread_local! {
             static NICED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         }
-        let Some(nice) = self.nice else { return };
-        if NICED.with(|n| n.replace(true)) {
+        if self.nice.is_none() && !self.idle || NICED.with(|n| n.replace(true)) {
             return;
         }
+        if self.idle {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: 0 is the calling thread; `param` outlives the call.
+            let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+            if r != 0 {
+                eprintln!("sched_setscheduler(SCHED_IDLE): {}", std::io::Error::last_os_error());
+            }
+        }
+        let Some(nice) = self.nice else { return };
         // SAFETY: gettid and setpriority take and return plain integers;
         // on Linux PRIO_PROCESS with a thread id sets that thread's nice.
         let r =

@@ -21,7 +21,9 @@
 #    per run. A variant is `offloader` or `naive`, with `+` options:
 #    `+fifo`, `+lifo`, `+codel` (EXPERIMENTAL, branch order: the pool's
 #    queue discipline, OFFLOADER_ORDER) and `+nice` (the threads that run
-#    SQLite at nice NICE_DB, 10 by default: --nice-db).
+#    SQLite at nice NICE_DB, 10 by default: --nice-db), `+idle` (those
+#    threads under SCHED_IDLE: --idle-db), `+ohaup` (oha under nice -n -10:
+#    helps only the load generator).
 #    oha: fixed rate, 1000 connections (enough that none waits for a free
 #    one), --latency-correction (latency counted from when a request was
 #    due, not when a connection was free), -w (requests in flight at the end
@@ -94,6 +96,8 @@ start() {
       case "$opt" in
         fifo | lifo | codel) order=$opt ;;
         nice) args+=(--nice-db "$NICE_DB") ;;
+        idle) args+=(--idle-db) ;;
+        ohaup) ;; # oha under nice -n -10 (below)
         *) echo "unknown variant option $opt in $variant" && exit 1 ;;
       esac
     done
@@ -197,6 +201,7 @@ for round in $(seq "$ROUNDS"); do
       poller=$!
       cmd=("$oha" --no-tui -z "${SECONDS_PER_RUN}s" -q "$rate" -c "$CONNECTIONS"
         --latency-correction -w --output-format csv -o "$work/$name.csv" "$url/q")
+      case "$variant" in *+ohaup*) cmd=(nice -n -10 "${cmd[@]}") ;; esac
       printf '%s\n' "${cmd[*]}" >"$work/$name.cmd"
       cpu_before=$(busy_ticks)
       wall_before=$(date +%s.%N)

@@ -62,7 +62,7 @@ poller=""
 cleanup() {
   [ -n "$poller" ] && kill "$poller" 2>/dev/null || true
   [ -n "$server" ] && kill "$server" 2>/dev/null || true
-  rm -rf "$work"
+  if [ -n "${KEEP_WORK:-}" ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 

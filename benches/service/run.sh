@@ -20,10 +20,9 @@
 #    variant (VARIANTS), rotating which variant goes first; a fresh server
 #    per run. A variant is `offloader` or `naive`, with `+` options:
 #    `+fifo`, `+lifo`, `+codel` (EXPERIMENTAL, branch order: the pool's
-#    queue discipline, OFFLOADER_ORDER) and `+nice` (the threads that run
-#    SQLite at nice NICE_DB, 10 by default: --nice-db), `+idle` (those
-#    threads under SCHED_IDLE: --idle-db), `+ohaup` (oha under nice -n -10:
-#    helps only the load generator).
+#    queue discipline, OFFLOADER_ORDER), `+normal` (the threads that run
+#    SQLite keep the default scheduling policy: --no-idle-db) and `+ohaup`
+#    (oha under nice -n -10: helps only the load generator).
 #    oha: fixed rate, 1000 connections (enough that none waits for a free
 #    one), --latency-correction (latency counted from when a request was
 #    due, not when a connection was free), -w (requests in flight at the end
@@ -45,7 +44,6 @@ ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-15}
 LOADS=${LOADS:-"0.5 1 1.5 2 3"}
 VARIANTS=${VARIANTS:-"offloader naive"}
-NICE_DB=${NICE_DB:-10}
 CAPACITY_SECONDS=${CAPACITY_SECONDS:-10}
 TIMEOUT_MS=${TIMEOUT_MS:-100}
 QUERY_MS=${QUERY_MS:-20}
@@ -95,8 +93,7 @@ start() {
       [ "$opt" = "$variant" ] && break
       case "$opt" in
         fifo | lifo | codel) order=$opt ;;
-        nice) args+=(--nice-db "$NICE_DB") ;;
-        idle) args+=(--idle-db) ;;
+        normal) args+=(--no-idle-db) ;;
         ohaup) ;; # oha under nice -n -10 (below)
         *) echo "unknown variant option $opt in $variant" && exit 1 ;;
       esac
@@ -243,7 +240,6 @@ cat >"$work/meta.json" <<EOF
   "capacity_seconds": $CAPACITY_SECONDS,
   "connections": $CONNECTIONS,
   "variants": "$VARIANTS",
-  "nice_db": $NICE_DB,
   "quiet_waited_seconds": $waited,
   "wall_seconds": $(($(date +%s) - began))
 }

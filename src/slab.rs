@@ -60,11 +60,6 @@ impl List {
     pub(crate) fn front(&self) -> Option<Key> {
         self.head
     }
-
-    /// The key at the back, if any.
-    pub(crate) fn back(&self) -> Option<Key> {
-        self.tail
-    }
 }
 
 impl<T> Default for Slab<T> {

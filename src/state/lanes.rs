@@ -21,7 +21,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::order::Order;
 use super::overload::Pace;
 use super::{After, State};
 use crate::id::QUEUED;
@@ -80,8 +79,6 @@ pub(super) struct Lane {
     own_waiters: usize,
     /// How long its runs take (overload.rs).
     pace: Pace,
-    /// EXPERIMENTAL (order.rs).
-    codel: super::order::Codel,
 }
 
 impl Lane {
@@ -100,7 +97,6 @@ impl Lane {
             contrib: 0,
             own_waiters: 0,
             pace: Pace::default(),
-            codel: super::order::Codel::default(),
         }
     }
 
@@ -259,63 +255,20 @@ impl State {
     pub(super) fn lane_pop(&mut self, after: &mut After) -> Option<(Key, Option<Limiter>)> {
         // Read once, at the first job that may be shed.
         let mut now = None;
-        let mut now_ns = None;
         let mut shed = false;
         loop {
             let lane_key = self.ring.front()?;
             let lane = self.lanes.get_mut(lane_key)?;
-            let Some(mut key) = lane.jobs.front() else {
+            let Some(key) = lane.jobs.front() else {
                 debug_assert!(false, "L1: a lane in the ring has a queued job");
                 return None;
             };
-            let mut task = self.jobs.get(key)?;
+            let task = self.jobs.get(key)?;
             if task.core().state_word() != QUEUED {
                 self.jobs.unlink(&mut lane.jobs, key);
                 self.bury(lane_key, key, after);
                 continue;
             }
-            // EXPERIMENTAL (order.rs): adaptive LIFO takes the newest job
-            // while the oldest has waited longer than the target.
-            if let Order::Lifo { target_ns } = self.order {
-                let now = *now_ns.get_or_insert_with(crate::id::now_ns);
-                if task.core().clock_at(now) > Duration::from_nanos(target_ns) {
-                    if let Some(back) = lane.jobs.back().filter(|&b| b != key) {
-                        let newest = self.jobs.get(back)?;
-                        if newest.core().state_word() != QUEUED {
-                            self.jobs.unlink(&mut lane.jobs, back);
-                            self.bury(lane_key, back, after);
-                            continue;
-                        }
-                        if newest.core().limiters().is_empty() {
-                            key = back;
-                            task = newest;
-                        }
-                    }
-                }
-            }
-            // EXPERIMENTAL (order.rs): CoDel sheds a job that waited too
-            // long while the lane's queue stands.
-            if let Order::Codel {
-                target_ns,
-                interval_ns,
-            } = self.order
-            {
-                let now = *now_ns.get_or_insert_with(crate::id::now_ns);
-                let delay = u64::try_from(task.core().clock_at(now).as_nanos()).unwrap_or(u64::MAX);
-                let drop = lane.codel.judge(now, delay, target_ns, interval_ns);
-                if drop
-                    && task.core().shed_deadline().is_some()
-                    && self.judge
-                    && self.startable_queued.saturating_sub(1) >= self.free_permits()
-                {
-                    let task = task.clone();
-                    if self.shed(task.core(), after) {
-                        shed = true;
-                        continue;
-                    }
-                }
-            }
-            let task = self.jobs.get(key)?;
             // A job too near its deadline to finish is shed at its turn
             // (overload.rs); then nothing starts in this critical section,
             // so that no job is marked started while the shed functions'

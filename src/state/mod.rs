@@ -111,7 +111,6 @@ mod intake;
 pub(crate) use groups::StoppedJobs;
 mod lanes;
 pub(crate) use lanes::KeyLimits;
-mod order;
 mod overload;
 pub(crate) use lanes::OwnWaitMark;
 mod queries;
@@ -333,8 +332,6 @@ pub(crate) struct State {
     /// Whether jobs are judged for their deadlines (overload.rs; off only
     /// by a test hook).
     judge: bool,
-    /// EXPERIMENTAL (order.rs): the queue discipline.
-    order: order::Order,
     /// The pool's intake (fast/intake.rs), if plain jobs may pass one: no
     /// observer, no stuck-job monitor.
     intake: Option<std::sync::Arc<crate::fast::intake::Intake>>,
@@ -382,7 +379,6 @@ impl State {
             events: EventQueue::default(),
             counts: Counts::default(),
             judge: true,
-            order: order::Order::from_env(),
             intake,
         }
     }

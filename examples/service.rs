@@ -39,8 +39,9 @@
 //! puts itself under Linux's `SCHED_IDLE` policy (both variants), so that
 //! the runtime's threads, which answer HTTP, never wait for a CPU behind a
 //! query: measured in `benches/service`, the p99 of the 503s at three times
-//! the capacity falls from 7–60 ms to under 4 ms (a refusal itself takes
-//! about 10 µs in the handler), and the 200s come sooner too.
+//! the capacity falls from 7–60 ms to about 4 ms (a refusal itself takes
+//! about 10 µs in the handler), and the 200s come sooner too
+//! (`docs/perf/history/2026-12-06-order-b-503.md`).
 //!
 //! Run it with `cargo run --release --example service` (then
 //! `curl localhost:3000/q`, `/stats`, `/metrics`). Options:

@@ -19,10 +19,9 @@
 # 4. Each round runs every load (LOADS, times the capacity) with each
 #    variant (VARIANTS), rotating which variant goes first; a fresh server
 #    per run. A variant is `offloader` or `naive`, with `+` options:
-#    `+fifo`, `+lifo`, `+codel` (EXPERIMENTAL, branch order: the pool's
-#    queue discipline, OFFLOADER_ORDER), `+normal` (the threads that run
-#    SQLite keep the default scheduling policy: --no-idle-db) and `+ohaup`
-#    (oha under nice -n -10: helps only the load generator).
+#    `+normal` (the threads that run SQLite keep the default scheduling
+#    policy: --no-idle-db) and `+ohaup` (oha under nice -n -10: helps only
+#    the load generator). E.g. VARIANTS="offloader offloader+normal".
 #    oha: fixed rate, 1000 connections (enough that none waits for a free
 #    one), --latency-correction (latency counted from when a request was
 #    due, not when a connection was free), -w (requests in flight at the end
@@ -87,18 +86,17 @@ start() {
   for _ in 1 2 3 4 5; do
     PORT=$((PORT + 1))
     local args=(--addr "127.0.0.1:$PORT" --timeout-ms "$timeout" "$@")
-    local order=fifo opt
+    local opt
     case "$variant" in naive*) args+=(--naive) ;; esac
     for opt in $(tr '+' ' ' <<<"${variant#*+}"); do
       [ "$opt" = "$variant" ] && break
       case "$opt" in
-        fifo | lifo | codel) order=$opt ;;
         normal) args+=(--no-idle-db) ;;
         ohaup) ;; # oha under nice -n -10 (below)
         *) echo "unknown variant option $opt in $variant" && exit 1 ;;
       esac
     done
-    OFFLOADER_ORDER=$order "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
+    "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
     server=$!
     url="http://127.0.0.1:$PORT"
     for _ in $(seq 100); do

@@ -277,7 +277,8 @@ struct Db {
     /// Each thread that runs queries puts itself under `SCHED_IDLE` on its
     /// first query (unless `--no-idle-db`).
     idle: bool,
-    /// The handler's own time for each 503, in microseconds, by cause.
+    /// The handler's own time for each 503 (the first million), in
+    /// microseconds, by cause.
     unavailable: std::sync::Mutex<Vec<(Cause, u32)>>,
 }
 
@@ -336,7 +337,10 @@ impl Db {
     fn record_unavailable(&self, cause: Cause, began: Instant) {
         let us = u32::try_from(began.elapsed().as_micros()).unwrap_or(u32::MAX);
         if let Ok(mut v) = self.unavailable.lock() {
-            v.push((cause, us));
+            // Bounded: the first million 503s (8 MB) are enough for a run.
+            if v.len() < 1 << 20 {
+                v.push((cause, us));
+            }
         }
     }
 

@@ -20,8 +20,9 @@ import re
 import statistics
 import sys
 
-VARIANTS = ("offloader", "naive")
+VARIANTS = ["offloader", "naive"]  # order of the table; others follow as first seen
 COLOURS = {"offloader": "#1f77b4", "naive": "#d62728"}
+MORE_COLOURS = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 RUNTIME_WORKERS = 2  # #[tokio::main] on 2 vCPUs
 
 
@@ -109,6 +110,18 @@ def figures(work, run, meta):
         "stopped_before_query": final.get("stopped_before_query"),
         "still_running": final.get("running"),
         "useful_pct": 100 * len(ok) / started if started else None,
+        # The handler's own time of its 503s, per cause: [count, p50, p99, max] ms.
+        "handler_503": final.get("handler_503_ms"),
+        "refused": (final.get("handler_503_ms") or {}).get("refused", [None])[0],
+        "refused_handler_p99_ms": (final.get("handler_503_ms") or {}).get("refused", [0, 0, None])[2],
+        "shed_503": (final.get("handler_503_ms") or {}).get("shed", [None])[0],
+        "timeout_503": (final.get("handler_503_ms") or {}).get("timeout", [None])[0],
+        # The 503s' p99 less the slowest (shed + timed out) ones: about the
+        # p99 of the refusals at admission as oha saw them.
+        "busy_fast_p99_ms": percentile(
+            sorted(busy)[: max(0, len(busy) - sum(
+                ((final.get("handler_503_ms") or {}).get(c, [0])[0] for c in ("shed", "timeout", "other"))))],
+            99),
         "pool": pool_metrics(final.get("pool")),
         "server_cores": server_ticks / 100 / wall,
         "oha_cores": oha_cpu / wall,
@@ -122,6 +135,7 @@ NUMERIC = [
     "busy_p99_ms", "max_in_flight", "threads_max", "rss_peak_mb", "started",
     "finished", "interrupted", "useful_pct", "no_answer", "other",
     "server_cores", "oha_cores", "others_cores",
+    "refused", "refused_handler_p99_ms", "shed_503", "timeout_503", "busy_fast_p99_ms",
 ]
 
 
@@ -131,6 +145,9 @@ def summarize(runs):
     for r in runs:
         groups.setdefault((r["variant"], r["factor"]), []).append(r)
     out = []
+    for r in runs:
+        if r["variant"] not in VARIANTS:
+            VARIANTS.append(r["variant"])
     for (variant, factor), rs in sorted(groups.items(), key=lambda g: (VARIANTS.index(g[0][0]), float(g[0][1]))):
         row = {"variant": variant, "factor": factor, "rounds": len(rs)}
         for key in NUMERIC:
@@ -171,6 +188,27 @@ def table(summary):
             f"| {fmt(m['ok_p999_ms'], 1)} | {fmt(m['busy_p99_ms'], 1)} | {fmt(m['max_in_flight'])} "
             f"| {fmt(m['threads_max'])} | {fmt(m['rss_peak_mb'], 1)} | {fmt(m['started'])} "
             f"| {fmt(m['interrupted'])} | {fmt(m['useful_pct'], 1)} % | {fmt(row['others_cores']['max'], 2)} |"
+        )
+    return "\n".join(lines)
+
+
+def rounds_table(runs):
+    """Every run, with the handler's own time of its refusals."""
+    head = (
+        "| variant | load | round | goodput /s | 200s / started | 503 % | 200 p50 ms | 200 p99 ms "
+        "| 503 p99 ms | 503 p99 less shed and timed out ms | refused (handler p99 ms) | shed | timed out "
+        "| server / oha / others' cores |"
+    )
+    lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
+    key = lambda r: (VARIANTS.index(r["variant"]), float(r["factor"]), r["round"])
+    for r in sorted(runs, key=key):
+        lines.append(
+            f"| {r['variant']} | {r['factor']}× | {r['round']} | {fmt(r['goodput'], 1)} "
+            f"| {fmt(r['useful_pct'], 1)} % | {fmt(r['busy_pct'], 1)} | {fmt(r['ok_p50_ms'], 1)} "
+            f"| {fmt(r['ok_p99_ms'], 1)} | {fmt(r['busy_p99_ms'], 1)} | {fmt(r['busy_fast_p99_ms'], 1)} "
+            f"| {fmt(r['refused'])} ({fmt(r['refused_handler_p99_ms'], 3)}) | {fmt(r['shed_503'])} "
+            f"| {fmt(r['timeout_503'])} | {fmt(r['server_cores'], 2)} / {fmt(r['oha_cores'], 2)} "
+            f"/ {fmt(r['others_cores'], 2)} |"
         )
     return "\n".join(lines)
 
@@ -264,12 +302,12 @@ def svg(summary, capacity, meta):
         rows = [r for r in summary if r["variant"] == variant]
         if not rows:
             continue
-        c = COLOURS[variant]
+        c = COLOURS.get(variant) or MORE_COLOURS[(VARIANTS.index(variant) - 2) % len(MORE_COLOURS)]
         pts = " ".join(f'{x(r["rate"]["median"]):.1f},{y(r["goodput"]["median"]):.1f}' for r in rows)
         s.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"/>')
         for r in rows:
             # The variants' bars side by side, not on top of each other.
-            cx = x(r["rate"]["median"]) + (-3 if variant == "offloader" else 3)
+            cx = x(r["rate"]["median"]) + 3 * (VARIANTS.index(variant) - (len(VARIANTS) - 1) / 2)
             s.append(f'<line x1="{cx:.1f}" y1="{y(r["goodput"]["min"]):.1f}" x2="{cx:.1f}" '
                      f'y2="{y(r["goodput"]["max"]):.1f}" stroke="{c}"/>')
             cy = y(r["goodput"]["median"])
@@ -278,11 +316,14 @@ def svg(summary, capacity, meta):
             else:
                 s.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" fill="{c}"/>')
     ly = top + 10
-    for variant, label, second in (
-        ("offloader", "offloader: with_timeout", "+ CancelAndStop"),
-        ("naive", "naive: Semaphore +", "spawn_blocking + timeout"),
-    ):
-        c = COLOURS[variant]
+    labels = {
+        "offloader": ("offloader: with_timeout", "+ CancelAndStop"),
+        "naive": ("naive: Semaphore +", "spawn_blocking + timeout"),
+    }
+    shown = [v for v in VARIANTS if any(r["variant"] == v for r in summary)]
+    for variant in shown:
+        label, second = labels.get(variant, (variant, ""))
+        c = COLOURS.get(variant) or MORE_COLOURS[(VARIANTS.index(variant) - 2) % len(MORE_COLOURS)]
         s.append(f'<line x1="{left + pw + 14}" y1="{ly}" x2="{left + pw + 34}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
         s.append(f'<text x="{left + pw + 40}" y="{ly + 4}">{label}</text>')
         s.append(f'<text x="{left + pw + 40}" y="{ly + 18}">{second}</text>')
@@ -359,6 +400,16 @@ def report(work, prefix):
         "the interrupt; `200s / started` is the share of started queries that became an answer someone "
         "still waited for.",
         "",
+        "## Every round",
+        "",
+        "`refused` counts the 503s refused at admission, with the p99 of the handler's own time for "
+        "them (from the handler's start to its response, measured by the service); `shed` the 503s shed "
+        "at their turn; `timed out` the 503s at the caller's timeout. `503 p99 less shed and timed out` "
+        "leaves out as many of the slowest 503s as were shed or timed out: about the p99 of the "
+        "refusals as oha saw them.",
+        "",
+        rounds_table(runs),
+        "",
         "## Issue 32's targets (offloader variant)",
         "",
         "| target | median | pass | rounds held | per round |",
@@ -387,6 +438,8 @@ def report(work, prefix):
     with open(prefix + ".md", "w") as f:
         f.write("\n".join(md))
     print(table(summary))
+    print()
+    print(rounds_table(runs))
     print()
     for c in checks:
         print(f"{verdict(c['pass'])}  {c['target']}: median {fmt(c['median'], 1)} "

@@ -17,7 +17,11 @@
 #    of 16 connections (four times the limit), 200s per second; measured at
 #    the start (it sets the offered loads) and again at the end (drift).
 # 4. Each round runs every load (LOADS, times the capacity) with each
-#    variant, alternating which variant goes first; a fresh server per run.
+#    variant (VARIANTS), rotating which variant goes first; a fresh server
+#    per run. A variant is `offloader` or `naive`, with `+` options:
+#    `+normal` (the threads that run SQLite keep the default scheduling
+#    policy: --no-idle-db) and `+ohaup` (oha under nice -n -10: helps only
+#    the load generator). E.g. VARIANTS="offloader offloader+normal".
 #    oha: fixed rate, 1000 connections (enough that none waits for a free
 #    one), --latency-correction (latency counted from when a request was
 #    due, not when a connection was free), -w (requests in flight at the end
@@ -38,6 +42,7 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-15}
 LOADS=${LOADS:-"0.5 1 1.5 2 3"}
+VARIANTS=${VARIANTS:-"offloader naive"}
 CAPACITY_SECONDS=${CAPACITY_SECONDS:-10}
 TIMEOUT_MS=${TIMEOUT_MS:-100}
 QUERY_MS=${QUERY_MS:-20}
@@ -54,7 +59,7 @@ poller=""
 cleanup() {
   [ -n "$poller" ] && kill "$poller" 2>/dev/null || true
   [ -n "$server" ] && kill "$server" 2>/dev/null || true
-  rm -rf "$work"
+  if [ -n "${KEEP_WORK:-}" ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
@@ -81,7 +86,16 @@ start() {
   for _ in 1 2 3 4 5; do
     PORT=$((PORT + 1))
     local args=(--addr "127.0.0.1:$PORT" --timeout-ms "$timeout" "$@")
-    [ "$variant" = naive ] && args+=(--naive)
+    local opt
+    case "$variant" in naive*) args+=(--naive) ;; esac
+    for opt in $(tr '+' ' ' <<<"${variant#*+}"); do
+      [ "$opt" = "$variant" ] && break
+      case "$opt" in
+        normal) args+=(--no-idle-db) ;;
+        ohaup) ;; # oha under nice -n -10 (below)
+        *) echo "unknown variant option $opt in $variant" && exit 1 ;;
+      esac
+    done
     "$bin" "${args[@]}" >>"$work/server.log" 2>&1 &
     server=$!
     url="http://127.0.0.1:$PORT"
@@ -167,7 +181,10 @@ echo "capacity: $cap requests/s answered 200 (offloader, closed loop of 16, time
 
 printf 'variant\tfactor\trate\tround\tname\n' >"$work/runs.tsv"
 for round in $(seq "$ROUNDS"); do
-  if [ $((round % 2)) = 1 ]; then variants="offloader naive"; else variants="naive offloader"; fi
+  # Rotated by one per round: each variant goes first in turn.
+  read -ra vs <<<"$VARIANTS"
+  k=$(((round - 1) % ${#vs[@]}))
+  variants="${vs[*]:k} ${vs[*]:0:k}"
   for factor in $LOADS; do
     rate=$(python3 -c "print(max(1, round($factor * $cap)))")
     for variant in $variants; do
@@ -179,6 +196,7 @@ for round in $(seq "$ROUNDS"); do
       poller=$!
       cmd=("$oha" --no-tui -z "${SECONDS_PER_RUN}s" -q "$rate" -c "$CONNECTIONS"
         --latency-correction -w --output-format csv -o "$work/$name.csv" "$url/q")
+      case "$variant" in *+ohaup*) cmd=(nice -n -10 "${cmd[@]}") ;; esac
       printf '%s\n' "${cmd[*]}" >"$work/$name.cmd"
       cpu_before=$(busy_ticks)
       wall_before=$(date +%s.%N)
@@ -219,6 +237,7 @@ cat >"$work/meta.json" <<EOF
   "seconds_per_run": $SECONDS_PER_RUN,
   "capacity_seconds": $CAPACITY_SECONDS,
   "connections": $CONNECTIONS,
+  "variants": "$VARIANTS",
   "quiet_waited_seconds": $waited,
   "wall_seconds": $(($(date +%s) - began))
 }

@@ -377,6 +377,18 @@ impl Error {
         }
     }
 
+    /// The error of job `id`, which ended in `state` without running, if
+    /// that state is one of those (cancelled, handed back unstarted, shed).
+    pub(crate) fn never_ran(id: JobId, state: JobState) -> Option<Error> {
+        let id = Some(id);
+        match state {
+            JobState::Cancelled => Some(Error::Cancelled { id }),
+            JobState::Unstarted => Some(Error::ShuttingDown { id }),
+            JobState::Shed => Some(Error::Overloaded { id }),
+            JobState::Queued | JobState::Running | JobState::Completed | JobState::Panicked => None,
+        }
+    }
+
     /// The job this error is about, if it was ever accepted.
     pub fn job_id(&self) -> Option<JobId> {
         match self {

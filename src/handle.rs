@@ -280,14 +280,21 @@ impl<T> JobHandle<T> {
         // It finished on its own while the wait ran out: the outcome wins.
         match self.job.wait_outcome(Some(Instant::now())) {
             Some(outcome) => outcome,
-            // Finished but not yet published (the worker is between
-            // releasing the permit and publishing).
-            None => Err(Error::TimedOut {
-                id: Some(self.id()),
-                waited,
-                state: Some(self.state()),
-                fate: Fate::Finished,
-            }),
+            // Ended but not yet published: a job that never ran has its
+            // error already (shed and cancelled jobs are published after
+            // unlocking, a batch at a time); one that ran is between its
+            // worker releasing the permit and publishing.
+            None => {
+                let state = self.state();
+                Err(
+                    Error::never_ran(self.id(), state).unwrap_or(Error::TimedOut {
+                        id: Some(self.id()),
+                        waited,
+                        state: Some(state),
+                        fate: Fate::Finished,
+                    }),
+                )
+            }
         }
     }
 

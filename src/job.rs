@@ -234,12 +234,10 @@ where
     /// The error of a job whose function was discarded unrun, from its
     /// state word (the one source of truth: see the table on `Cell`).
     fn never_ran(&self) -> Error {
-        let id = self.core.id;
-        match self.core.state_word() {
-            CANCELLED => Error::Cancelled { id: Some(id) },
-            SHED => Error::Overloaded { id: Some(id) },
-            _ => Error::ShuttingDown { id: Some(id) },
-        }
+        let state = self.core.state();
+        Error::never_ran(self.core.id, state).unwrap_or(Error::ShuttingDown {
+            id: Some(self.core.id),
+        })
     }
 
     /// Publishes the outcome and wakes the waiter (inv. 3).

@@ -218,8 +218,9 @@ where
     /// which takes its own limit), counted from the
     /// `spawn` or `submit`, until it has passed once: then, as for an
     /// awaited offload, the job follows its abandon policy (an await begun
-    /// after it passed times out at once; the handle's later awaits wait
-    /// without a limit).
+    /// after it passed times out at the timer's next tick, unless the
+    /// outcome is ready by then; the handle's later awaits wait without a
+    /// limit).
     ///
     /// Under a policy that cancels, the pool also refuses or sheds the job
     /// when it cannot finish before this deadline ([`Error::Overloaded`]:

@@ -119,9 +119,10 @@ impl Awaited {
 fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
     if inner.is_delivery_thread() {
         panic!(
-            "offloader: idle() or termination awaited, without a limit, from the pool's own \
-             observer; it waits for the delivery of the event being delivered and would never \
-             return. Use blocking_await_termination(Some(limit)), or wait from another task."
+            "offloader: idle() or termination awaited from the pool's own observer; it waits \
+             for the delivery of the event being delivered and would never return (a timeout \
+             around it would only ever time out). Use blocking_await_termination(Some(limit)), \
+             which answers false at once here, or wait from another task."
         );
     }
     if !inner.is_worker_thread() {
@@ -129,9 +130,10 @@ fn refuse_self_wait(inner: &Inner, awaited: Awaited) {
     }
     match awaited {
         Awaited::Termination => panic!(
-            "offloader: termination awaited, without a limit, on one of the pool's own worker \
-             threads; it waits for this thread to exit and would never return. Use \
-             blocking_await_termination(Some(limit)), or wait from outside the pool."
+            "offloader: termination awaited on one of the pool's own worker threads; it waits \
+             for this thread to exit and would never return (a timeout around it would only \
+             ever time out). Use blocking_await_termination(Some(limit)), which answers false \
+             at once here, or wait from outside the pool."
         ),
         // Between jobs too: the job this worker just ran stays counted as
         // unpublished until its next lock, after the wakers and drops it

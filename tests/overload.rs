@@ -511,3 +511,124 @@ async fn one_key_s_burst_does_not_get_another_key_s_job_refused() {
     }
     assert_eq!(pool.metrics().rejected_overload, 0);
 }
+
+/// Holds the thread that drops it until its gate opens, after saying so:
+/// captured by a job's function, it keeps the pool's discard of that
+/// function (after unlocking) in a known place.
+struct BlockOnDrop {
+    dropping: tokio::sync::mpsc::UnboundedSender<()>,
+    hold: Hold,
+}
+
+impl Drop for BlockOnDrop {
+    fn drop(&mut self) {
+        let _ = self.dropping.send(());
+        self.hold.wait();
+    }
+}
+
+/// Found by a hostile review: a burst admitted before its lane had an
+/// estimate, shed at one turn, was shed in one critical section however
+/// long (50–80 thousand jobs held the pool lock for milliseconds, and
+/// refusals waited that long). At most a chunk is shed before the worker
+/// lets go of the lock: while the first shed function's drop runs, a job
+/// beyond the first chunk has not been judged yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mass_shed_takes_the_lock_a_chunk_at_a_time() {
+    const N: usize = 1100;
+    // No pacing run: the lane has no estimate, so the burst is admitted.
+    let pool = builder(1, 4096)
+        .abandon_policy(AbandonPolicy::CancelIfQueued)
+        .build()
+        .unwrap();
+    let busy = occupy(&pool, 1).await;
+    let deadline = Instant::now() + Duration::from_millis(400);
+    let (gate, hold) = gate();
+    let (dropping_tx, mut dropping) = signal::<()>();
+    let mut first = Some(BlockOnDrop {
+        dropping: dropping_tx,
+        hold,
+    });
+    let handles: Vec<_> = (0..N)
+        .map(|_| {
+            let guard = first.take();
+            pool.offload(move |_stop| drop(guard))
+                .deadline(deadline)
+                .spawn()
+                .expect("admitted: the lane has no estimate yet")
+        })
+        .collect();
+    // The running job's run (about 300 ms) becomes the estimate when it
+    // ends; the queued jobs then have about 100 ms left.
+    until(deadline - Duration::from_millis(100));
+    busy.gate.open();
+    recv(
+        "the first shed job's function is being dropped",
+        &mut dropping,
+    )
+    .await;
+    assert_eq!(handles[0].state(), JobState::Shed);
+    // (Not the last job: nobody else would take its permit, so it is
+    // never judged.)
+    assert_eq!(
+        handles[N - 2].state(),
+        JobState::Queued,
+        "a job beyond the first chunk was judged in the same critical section as the first"
+    );
+    gate.open();
+    let mut shed = 0;
+    for h in handles {
+        match within("a job of the burst", h).await {
+            Err(Error::Overloaded { id: Some(_) }) => shed += 1,
+            // The last job is not judged: no other job would take its permit.
+            Ok(()) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(shed, N - 1);
+    assert_eq!(pool.metrics().shed, (N - 1) as u64);
+}
+
+/// Found by a hostile review: a caller whose wait ran out while its job
+/// had just been shed or cancelled, but not yet published (the pool
+/// publishes those after unlocking, a batch at a time, dropping each
+/// function on the way), was told `TimedOut { state: Some(Shed), fate:
+/// Finished }` instead of the job's own error. Here a group's stop
+/// cancels two queued jobs; the first one's function is being dropped
+/// when the second one's owner stops waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_ends_as_its_job_is_discarded_gets_the_jobs_error() {
+    let pool = pool(1, 8);
+    let busy = occupy(&pool, 1).await;
+    let group = pool.group();
+    let (gate, hold) = gate();
+    let (dropping_tx, mut dropping) = signal::<()>();
+    let guard = BlockOnDrop {
+        dropping: dropping_tx,
+        hold,
+    };
+    let first = group
+        .offload(move |_stop| drop(guard))
+        .spawn()
+        .expect("room");
+    let mut second = group.offload(|_stop| ()).spawn().expect("room");
+    let stopper = std::thread::spawn(move || group.stop());
+    recv("the first job's function is being dropped", &mut dropping).await;
+    assert_eq!(second.state(), JobState::Cancelled);
+    assert!(
+        !second.is_finished(),
+        "published before the first's drop ended"
+    );
+    let got = second.blocking_wait(Some(Duration::ZERO));
+    assert!(
+        matches!(got, Err(Error::Cancelled { id: Some(id) }) if id == second.id()),
+        "{got:?}"
+    );
+    gate.open();
+    assert!(stopper.join().expect("no panic"), "the first stop");
+    assert!(within("the first job", first)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+    busy.release().await;
+}

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::overload::Pace;
+use super::overload::{Pace, SHED_CHUNK};
 use super::{After, State};
 use crate::id::QUEUED;
 use crate::job_core::{JobCore, LaneRef};
@@ -255,7 +255,7 @@ impl State {
     pub(super) fn lane_pop(&mut self, after: &mut After) -> Option<(Key, Option<Limiter>)> {
         // Read once, at the first job that may be shed.
         let mut now = None;
-        let mut shed = false;
+        let mut shed = 0;
         loop {
             let lane_key = self.ring.front()?;
             let lane = self.lanes.get_mut(lane_key)?;
@@ -276,11 +276,16 @@ impl State {
             if task.core().shed_deadline().is_some() {
                 let task = task.clone();
                 if self.shed_at_turn(task.core(), &mut now, after) {
-                    shed = true;
+                    shed += 1;
+                    // A chunk at a time, as `shutdown_now` drains: other
+                    // callers of the pool wait for one chunk at most.
+                    if shed == SHED_CHUNK {
+                        return None;
+                    }
                     continue;
                 }
             }
-            if shed {
+            if shed > 0 {
                 return None;
             }
             let lane = self.lanes.get_mut(lane_key)?;

@@ -57,6 +57,13 @@ const ADMIT: u64 = 4;
 /// where 2 and 2 shed twelve in a hundred.
 const START: u64 = 1;
 
+/// The most jobs shed at their turn in one critical section: a burst
+/// admitted before its lane had an estimate may meet its deadlines all at
+/// once, and the pool lock is held for one chunk of it at a time, as
+/// `shutdown_now` drains (the worker that shed looks again after
+/// discarding them).
+pub(super) const SHED_CHUNK: usize = 1024;
+
 /// Recent run times: a mean and a mean deviation, in nanoseconds.
 #[derive(Default)]
 pub(super) struct Pace {

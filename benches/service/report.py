@@ -167,6 +167,12 @@ def fmt(v, digits=0):
     return f"{v:,.{digits}f}"
 
 
+def markdown(head, rows):
+    """A markdown table: the header line, its rule, the rows."""
+    rule = "|" + " --- |" * head.count(" | ") + " --- |"
+    return "\n".join([head, rule, *rows])
+
+
 def verdict(passed):
     return "n/a" if passed is None else "PASS" if passed else "FAIL"
 
@@ -177,7 +183,7 @@ def table(summary):
         "| 200 p99.9 ms | 503 p99 ms | max in flight | threads | RSS MB | started | interrupted "
         "| 200s / started | others' CPU |"
     )
-    lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
+    lines = []
     for row in summary:
         m = {k: row[k]["median"] for k in NUMERIC}
         g = row["goodput"]
@@ -189,7 +195,7 @@ def table(summary):
             f"| {fmt(m['threads_max'])} | {fmt(m['rss_peak_mb'], 1)} | {fmt(m['started'])} "
             f"| {fmt(m['interrupted'])} | {fmt(m['useful_pct'], 1)} % | {fmt(row['others_cores']['max'], 2)} |"
         )
-    return "\n".join(lines)
+    return markdown(head, lines)
 
 
 def rounds_table(runs):
@@ -199,7 +205,7 @@ def rounds_table(runs):
         "| 503 p99 ms | 503 p99 less shed and timed out ms | refused (handler p99 ms) | shed | timed out "
         "| server / oha / others' cores |"
     )
-    lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
+    lines = []
     key = lambda r: (VARIANTS.index(r["variant"]), float(r["factor"]), r["round"])
     for r in sorted(runs, key=key):
         lines.append(
@@ -210,7 +216,7 @@ def rounds_table(runs):
             f"| {fmt(r['timeout_503'])} | {fmt(r['server_cores'], 2)} / {fmt(r['oha_cores'], 2)} "
             f"/ {fmt(r['others_cores'], 2)} |"
         )
-    return "\n".join(lines)
+    return markdown(head, lines)
 
 
 def targets(runs, capacity, meta):

@@ -192,9 +192,10 @@ impl Offloader {
     /// observer event has been delivered and every pool thread has exited and
     /// been joined.
     ///
-    /// Never blocks: when the last threads have retired but are still exiting
+    /// When the last threads have retired but are still exiting
     /// (thread-local destructors), it starts joining them on a helper thread
-    /// and answers `false`; a later call answers `true`.
+    /// and answers `false`; a later call answers `true`. It blocks only if
+    /// the OS refuses that helper thread: it then joins them itself.
     pub fn is_terminated(&self) -> bool {
         let inner = self.inner();
         let exited = {

@@ -10,90 +10,43 @@
     rust_2018_idioms
 )]
 
-// Leaves first: each module imports only from those above it.
-mod clock;
-mod id;
-mod lane;
-mod limiter;
-mod policy;
-mod quiet;
-mod ready;
-mod slab;
-mod sync;
-mod wait_list;
-
-mod error;
-mod metrics;
-mod stop;
+// The crate in four layers, each naming only the layers above it in this
+// list (tests/layout.rs checks it): `util` knows nothing of jobs; `job` is
+// what a job is; `core` is the pool; `api` is what a user calls.
+// docs/ARCHITECTURE.md maps every file.
+mod util;
 
 mod job;
-mod job_core;
-mod observer;
-mod report;
 
-mod fast;
+mod core;
 
-mod state;
-
-mod config;
-mod delivery;
-mod monitor;
-mod pool;
-mod waits;
-mod worker;
-
-mod lanes;
-
-mod control;
-
-mod handle;
-mod settle;
-mod shutdown;
-
-mod group;
-
-mod offload;
-
-mod awaited;
-mod batch;
-#[cfg(feature = "metrics")]
-mod export;
-#[cfg(feature = "tokio-util")]
-mod interop;
-mod map;
+mod api;
 
 // The README's example runs as a doctest: what it shows is what runs.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-#[cfg(all(test, loom))]
-mod loom_groups;
-#[cfg(all(test, loom))]
-mod loom_limiters;
-#[cfg(all(test, loom))]
-mod loom_tests;
-
-pub use awaited::OffloadFuture;
-pub use batch::{AllFailed, BatchError, InvokeAll, InvokeAny};
-pub use config::{
+pub use api::awaited::OffloadFuture;
+pub use api::batch::{AllFailed, BatchError, InvokeAll, InvokeAny};
+pub use api::group::JobGroup;
+pub use api::handle::JobHandle;
+pub use api::map::{Indexed, Map};
+pub use api::offload::Offload;
+pub use core::config::{
     Builder, DEFAULT_KEEP_ALIVE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_OBSERVER_LAG,
     DEFAULT_QUEUE_CAPACITY,
 };
-pub use error::{BuildError, Error, Fate, SubmitError};
-pub use group::JobGroup;
-pub use handle::JobHandle;
-pub use id::{JobId, JobState};
-pub use lane::{KeyStats, LaneKey};
-pub use limiter::{Limiter, LimiterStats};
-pub use map::{Indexed, Map};
-pub use metrics::{GroupMetrics, Metrics};
-pub use observer::{EventKind, JobEvent, Observer};
-pub use offload::Offload;
-pub use policy::{AbandonPolicy, GroupDropPolicy};
-pub use pool::{Offloader, WeakOffloader};
-pub use report::{CloseReport, RunningJob, UnstartedJob};
-pub use stop::{StopCallback, StopToken, Stopped};
+pub use core::metrics::{GroupMetrics, Metrics};
+pub use core::observer::{EventKind, JobEvent, Observer};
+pub use core::pool::{Offloader, WeakOffloader};
+pub use core::report::{CloseReport, RunningJob, UnstartedJob};
+pub use job::error::{BuildError, Error, Fate, SubmitError};
+pub use job::id::{JobId, JobState};
+pub use job::lane::{KeyStats, LaneKey};
+pub use job::limiter::{Limiter, LimiterStats};
+pub use job::policy::{AbandonPolicy, GroupDropPolicy};
+pub use job::stop::{StopCallback, StopToken, Stopped};
 
 /// Prepares `f` to run on the process-wide default [`Offloader`], built on
 /// first use with the [`Builder`]'s defaults.

@@ -1,4 +1,4 @@
-//! The intake (src/fast/intake.rs, ARCHITECTURE.md "The intake"): a job of no
+//! The intake (src/core/fast/intake.rs, ARCHITECTURE.md "The intake"): a job of no
 //! group is accepted without the pool lock. Everything the locked path
 //! promises still holds: the
 //! queue bound, FIFO across both kinds of job, the ledger in every

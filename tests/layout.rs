@@ -1,86 +1,159 @@
-//! The shape of the source (issue 9): the modules of `src/` read top-down,
-//! with no import circles (a module never reaches, through `crate::` paths,
-//! a module that reaches it back). A file's length is no rule: one well
-//! past ~600 lines is a prompt to look at it, not a failure (issue 31). The
-//! locked state (`src/state/`) names neither `tracing` nor `std::task`.
+//! The shape of the source (issues 9 and 31). `src/` has four layers,
+//! `util`, `job`, `core` and `api`, and the product code of each names,
+//! through `crate::` paths, only modules of its own layer or of those
+//! before it in that list; no module names a type through the crate
+//! root's re-exports (`crate::Offloader`), which would hide where it
+//! lives; and no module reaches, through `crate::` paths, a module that
+//! reaches it back. Test code (loom models, unit-test files) is exempt: it
+//! works through the public API. A file's length is no rule: one well past
+//! ~600 lines is a prompt to look at it, not a failure. The locked state
+//! (`src/core/state/`) names neither `tracing` nor `std::task`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Each module of `src/` and the crate modules its code names.
-fn modules() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The layers, lowest first.
+const LAYERS: [&str; 4] = ["util", "job", "core", "api"];
+
+/// What one module's product code names through `crate::` paths.
+#[derive(Default, Debug)]
+struct Names {
+    /// Modules (`layer/name`, or `layer` for a layer's `mod.rs`).
+    modules: BTreeSet<String>,
+    /// Names taken from the crate root (`crate::Offloader`).
+    root: BTreeSet<String>,
+}
+
+/// Every `.rs` file under `dir`, nested ones too.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(&src).expect("src/") {
-        let path = entry.expect("entry").path();
-        if path.is_dir() {
-            // Every file under a module's folder, nested ones too, is
-            // that module's.
-            let mut stack = vec![path.clone()];
-            while let Some(dir) = stack.pop() {
-                for inner in std::fs::read_dir(&dir).expect("a module directory") {
-                    let inner = inner.expect("entry").path();
-                    if inner.is_dir() {
-                        stack.push(inner);
-                    } else {
-                        files.push((path.clone(), inner));
-                    }
-                }
-            }
-        } else {
-            files.push((path.clone(), path));
-        }
-    }
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (module_path, file) in files {
-        if file.extension().and_then(|e| e.to_str()) != Some("rs") {
-            continue;
-        }
-        let name = module_path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .expect("a module name")
-            .to_owned();
-        if name == "lib" || name == "loom_tests" {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).expect("a source file");
-        let deps = graph.entry(name.clone()).or_default();
-        for line in text.lines() {
-            let code = line.split("//").next().unwrap_or("");
-            let mut rest = code;
-            while let Some(at) = rest.find("crate::") {
-                rest = &rest[at + "crate::".len()..];
-                let mut names = Vec::new();
-                if let Some(group) = rest.strip_prefix('{') {
-                    let group = group.split('}').next().unwrap_or("");
-                    names.extend(group.split(',').filter_map(|p| p.trim().split("::").next()));
-                } else {
-                    names.push(
-                        rest.split(|c: char| !c.is_alphanumeric() && c != '_')
-                            .next()
-                            .unwrap_or(""),
-                    );
-                }
-                for n in names {
-                    if !n.is_empty()
-                        && n != name
-                        && n.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-                    {
-                        deps.insert(n.to_owned());
-                    }
-                }
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("a directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+                files.push(path);
             }
         }
     }
-    let known: BTreeSet<String> = graph.keys().cloned().collect();
-    for deps in graph.values_mut() {
-        deps.retain(|d| known.contains(d));
+    files
+}
+
+/// A file's module: `layer/name` for `src/layer/name.rs` and for every
+/// file under `src/layer/name/`; `layer` for `src/layer/mod.rs`; `None`
+/// for `lib.rs`.
+fn module_of(relative: &Path) -> Option<String> {
+    let parts: Vec<&str> = relative.iter().filter_map(|p| p.to_str()).collect();
+    match parts.as_slice() {
+        [_] => None,
+        [layer, "mod.rs"] => Some((*layer).to_owned()),
+        [layer, name, ..] => Some(format!("{layer}/{}", name.trim_end_matches(".rs"))),
+        [] => None,
+    }
+}
+
+/// Test code: loom models and unit-test files.
+fn is_test_code(relative: &Path) -> bool {
+    relative
+        .iter()
+        .filter_map(|p| p.to_str())
+        .any(|p| p == "loom" || p == "loom.rs" || p == "tests.rs")
+}
+
+/// What the `crate::` paths of `text` name. `known` lists the modules, so
+/// that `crate::core::pool::Inner` resolves to `core/pool` and
+/// `crate::core::Thing` to `core`.
+fn crate_names(text: &str, known: &BTreeSet<String>) -> Names {
+    let tokens = tokens(text);
+    let mut names = Names::default();
+    let resolve = |path: &[&str], names: &mut Names| match path {
+        [] => {}
+        [first, ..] if first.starts_with(|c: char| c.is_ascii_uppercase()) => {
+            names.root.insert((*first).to_owned());
+        }
+        [layer, second, ..] if known.contains(&format!("{layer}/{second}")) => {
+            names.modules.insert(format!("{layer}/{second}"));
+        }
+        [first, ..] => {
+            names.modules.insert((*first).to_owned());
+        }
+    };
+    for (at, token) in tokens.iter().enumerate() {
+        if token != "crate" || tokens.get(at + 1).map(String::as_str) != Some("::") {
+            continue;
+        }
+        // The path's prefix, up to a group or its end.
+        let mut prefix: Vec<&str> = Vec::new();
+        let mut i = at + 2;
+        while let Some(t) = tokens.get(i) {
+            if t == "::" {
+                i += 1;
+            } else if t == "{" || t == "}" || t == "," {
+                break;
+            } else {
+                prefix.push(t);
+                i += 1;
+                if tokens.get(i).map(String::as_str) != Some("::") {
+                    break;
+                }
+            }
+        }
+        if tokens.get(i).map(String::as_str) != Some("{") {
+            resolve(&prefix, &mut names);
+            continue;
+        }
+        // A group: the first two names of each path at its top level.
+        let mut depth = 0;
+        let mut entry: Vec<&str> = Vec::new();
+        for t in &tokens[i..] {
+            match t.as_str() {
+                "{" => depth += 1,
+                "}" | "," if depth == 1 => {
+                    let path: Vec<&str> = prefix.iter().chain(entry.iter()).copied().collect();
+                    resolve(&path, &mut names);
+                    entry.clear();
+                    if t == "}" {
+                        break;
+                    }
+                }
+                "}" => depth -= 1,
+                "::" => {}
+                name if depth == 1 && entry.len() < 2 => entry.push(name),
+                _ => {}
+            }
+        }
+    }
+    names
+}
+
+/// Each module of `src/` (product code only) and what it names.
+fn modules() -> BTreeMap<String, Names> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files: Vec<(PathBuf, String)> = rust_files(&src)
+        .into_iter()
+        .filter_map(|file| {
+            let relative = file.strip_prefix(&src).expect("under src/").to_owned();
+            let module = module_of(&relative)?;
+            (!is_test_code(&relative)).then_some((file, module))
+        })
+        .collect();
+    let known: BTreeSet<String> = files.iter().map(|(_, m)| m.clone()).collect();
+    let mut graph: BTreeMap<String, Names> = BTreeMap::new();
+    for (file, module) in &files {
+        let text = std::fs::read_to_string(file).expect("a source file");
+        let found = crate_names(&text, &known);
+        let names = graph.entry(module.clone()).or_default();
+        names
+            .modules
+            .extend(found.modules.into_iter().filter(|m| m != module));
+        names.root.extend(found.root);
     }
     graph
 }
 
-fn reaches(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
+fn reaches(graph: &BTreeMap<String, Names>, from: &str, to: &str) -> bool {
     let mut seen = BTreeSet::new();
     let mut stack = vec![from.to_owned()];
     while let Some(m) = stack.pop() {
@@ -88,19 +161,32 @@ fn reaches(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> 
             return true;
         }
         if seen.insert(m.clone()) {
-            stack.extend(graph.get(&m).into_iter().flatten().cloned());
+            stack.extend(
+                graph
+                    .get(&m)
+                    .into_iter()
+                    .flat_map(|n| n.modules.iter().cloned()),
+            );
         }
     }
     false
 }
 
+fn layer(module: &str) -> usize {
+    let name = module.split('/').next().unwrap_or(module);
+    LAYERS
+        .iter()
+        .position(|l| *l == name)
+        .unwrap_or_else(|| panic!("{module} is in no layer of {LAYERS:?}"))
+}
+
 #[test]
 fn no_import_circles() {
     let graph = modules();
-    assert!(graph.len() > 10, "read the modules: {graph:?}");
+    assert!(graph.len() > 30, "read the modules: {graph:?}");
     let mut circles = Vec::new();
-    for (module, deps) in &graph {
-        for dep in deps {
+    for (module, names) in &graph {
+        for dep in &names.modules {
             if reaches(&graph, dep, module) {
                 circles.push(format!("{module} -> {dep} -> ... -> {module}"));
             }
@@ -111,6 +197,64 @@ fn no_import_circles() {
         "import circles:\n{}",
         circles.join("\n")
     );
+}
+
+#[test]
+fn each_layer_names_only_itself_and_the_layers_below() {
+    let graph = modules();
+    let mut up = Vec::new();
+    for (module, names) in &graph {
+        for dep in &names.modules {
+            if layer(dep) > layer(module) {
+                up.push(format!("{module} -> {dep}"));
+            }
+        }
+        for root in &names.root {
+            up.push(format!("{module} -> crate::{root}"));
+        }
+    }
+    assert!(up.is_empty(), "arrows running back up:\n{}", up.join("\n"));
+}
+
+/// The path reader above finds each form of `crate::` path.
+#[test]
+fn the_layer_check_reads_each_form() {
+    let known: BTreeSet<String> = ["core/pool", "core/state", "util/sync", "job/id"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    for (text, modules, root) in [
+        ("use crate::core::pool::Inner;", &["core/pool"][..], &[][..]),
+        ("let x = crate::util::sync::lock(&m);", &["util/sync"], &[]),
+        (
+            "use crate::{util::sync::Mutex, job::id::JobId};",
+            &["job/id", "util/sync"],
+            &[],
+        ),
+        (
+            "use crate::core::{pool::Inner, state::{State, After}};",
+            &["core/pool", "core/state"],
+            &[],
+        ),
+        (
+            "use crate::{Error, Offloader};",
+            &[],
+            &["Error", "Offloader"],
+        ),
+        ("fn f(p: &crate::Offloader) {}", &[], &["Offloader"]),
+        ("use crate::core::Thing;", &["core"], &[]),
+        (
+            "// crate::core::pool::Inner\nconst S: &str = \"crate::Error\";",
+            &[],
+            &[],
+        ),
+    ] {
+        let names = crate_names(text, &known);
+        let want: BTreeSet<String> = modules.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(names.modules, want, "modules of {text:?}");
+        let want: BTreeSet<String> = root.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(names.root, want, "root names of {text:?}");
+    }
 }
 
 /// The identifiers and the path punctuation (`::`, `{`, `}`, `,`) of Rust
@@ -220,25 +364,14 @@ fn forbidden_names(text: &str) -> Vec<String> {
     found
 }
 
-/// S4 of `src/state/mod.rs` (nothing foreign under the lock): the locked
-/// state neither emits tracing events nor touches wakers, so no file of
-/// `src/state/` names `tracing` or `std::task`. What would needs doing is
-/// handed out in an `After`.
+/// S4 of `src/core/state/mod.rs` (nothing foreign under the lock): the
+/// locked state neither emits tracing events nor touches wakers, so no file
+/// of `src/core/state/` names `tracing` or `std::task`. What would needs
+/// doing is handed out in an `After`.
 #[test]
 fn the_locked_state_names_neither_tracing_nor_std_task() {
-    let mut files = Vec::new();
-    let mut stack = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src/state")];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("a directory") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
-                files.push(path);
-            }
-        }
-    }
-    assert!(files.len() >= 10, "read src/state/: {files:?}");
+    let files = rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src/core/state"));
+    assert!(files.len() >= 10, "read src/core/state/: {files:?}");
     let mut named = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("a source file");

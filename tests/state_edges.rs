@@ -1,4 +1,4 @@
-//! Edges of the pool's locked state (`src/state/`) that the other files
+//! Edges of the pool's locked state (`src/core/state/`) that the other files
 //! leave open, found by mutation testing: each test fails on a mutant of a
 //! state transition that the rest of the suite let through. Every wait is
 //! bounded; events are ordered by gates and signals, never by sleeps.

@@ -365,7 +365,7 @@ impl<F: Fn(&tracing::Event<'_>) + Send + Sync + 'static> tracing::Subscriber for
 }
 
 /// Runs one no-op job to completion, so that a worker lives: the pool's
-/// intake (src/fast/intake.rs) is open from then on.
+/// intake (src/core/fast/intake.rs) is open from then on.
 pub(crate) fn warm(pool: &Offloader) {
     let mut first = pool.offload(|_stop| ()).spawn().expect("a first job");
     assert!(first.blocking_wait(None).is_ok(), "the first job runs");

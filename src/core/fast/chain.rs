@@ -1,0 +1,56 @@
+//! Next-job chaining (`README.md` §2 beside this file): whether a worker
+//! that finished a job may start the next one in the same critical section.
+//!
+//! The decision alone, over plain values the worker gathers under the pool
+//! lock: the worker ([`Inner::work_loop`](crate::core::pool::Inner::work_loop))
+//! asks it only with the fast layer on, and starts the next job
+//! ([`State::start`](crate::core::state::State::start)) when it says yes.
+
+/// What the worker knows of the job it just finished, under the pool lock,
+/// after [`State::finish`](crate::core::state::State::finish): the seven terms
+/// of the chaining rule (terms 1–3 in one field, term 7 negated).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Finished {
+    /// Terms 1–3: foreign code is left for this thread before the next
+    /// job's function could run: a tracing subscriber's, for the job's span
+    /// or last log lines; the drop of a panic's payload; the drop of a
+    /// result with drop glue (its handle may go at any moment and leave the
+    /// last reference to this worker).
+    pub(crate) user_code: bool,
+    /// Term 4: the transition left foreign work for after the lock (room or
+    /// idle waiters to wake, a group idle, a limiter permit given to
+    /// another pool).
+    pub(crate) foreign_after: bool,
+    /// Term 5: the job is of a group (its idle waiters may be woken when the
+    /// outcome is published).
+    pub(crate) in_group: bool,
+    /// Term 6: the waker hint, read after fence F4 (`README.md`): a waiter's
+    /// waker is registered and would run on this thread at the publish.
+    pub(crate) waker_hint: bool,
+    /// Term 7, negated: a caller still waits for the outcome. When none
+    /// does, the job is detached and its last reference is dropped on this
+    /// worker.
+    pub(crate) caller_waiting: bool,
+}
+
+/// Whether the worker may mark the next queued job started in the critical
+/// section that finished `done`.
+///
+/// The promise it keeps: a job is marked started only if **nothing foreign
+/// runs on this thread before that job's function does**. A started job is
+/// `Running` and can no longer be cancelled; marked started while another
+/// job's foreign code (a subscriber, a drop, a waker) runs on its worker,
+/// it could wait for that code forever, since that code may offload a job
+/// and wait for it. So the answer is `true` only when none of the seven
+/// terms of [`Finished`] holds; otherwise the worker takes the next job at
+/// its next lock, after that code has run.
+pub(crate) fn may_chain(done: Finished) -> bool {
+    let Finished {
+        user_code,
+        foreign_after,
+        in_group,
+        waker_hint,
+        caller_waiting,
+    } = done;
+    !user_code && !foreign_after && !in_group && !waker_hint && caller_waiting
+}

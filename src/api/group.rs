@@ -81,7 +81,7 @@ impl Offloader {
 impl JobGroup {
     fn new(pool: Offloader, parent: Option<Key>) -> JobGroup {
         let inner = pool.inner().clone();
-        let key = inner.lock().group_create(parent);
+        let key = inner.lock().groups.create(parent);
         JobGroup {
             pool,
             shared: Arc::new(Shared {
@@ -132,7 +132,7 @@ impl JobGroup {
     /// A consistent snapshot of the counts of the group's jobs, its
     /// descendants' included.
     pub fn metrics(&self) -> GroupMetrics {
-        self.shared.inner.lock().group_metrics(self.shared.key)
+        self.shared.inner.lock().groups.metrics(self.shared.key)
     }
 
     /// Waits until every job accepted through the group or a descendant is
@@ -175,7 +175,7 @@ impl JobGroup {
     /// end on the pool's own threads: for a wait with a limit (`close`).
     async fn idle_settled(&self) {
         let (inner, key) = (&self.shared.inner, self.shared.key);
-        let Some(list) = inner.lock().group_wait_list(key) else {
+        let Some(list) = inner.lock().groups.wait_list(key) else {
             return;
         };
         let mut waiter = list.registration();
@@ -183,7 +183,7 @@ impl JobGroup {
         poll_fn(|cx| {
             // Registered before the test: a wake-up after it is not lost.
             waiter.set(cx.waker());
-            if inner.lock().group_idle(key) {
+            if inner.lock().groups.idle(key) {
                 return Poll::Ready(());
             }
             if hold.is_none() {
@@ -236,7 +236,7 @@ impl JobGroup {
         let (after, still_running) = {
             let s = self.shared.inner.lock();
             (
-                s.group_metrics(self.shared.key),
+                s.groups.metrics(self.shared.key),
                 s.group_running_jobs(self.shared.key),
             )
         };
@@ -307,7 +307,7 @@ impl Drop for Shared {
             } else {
                 None
             };
-            s.group_handle_dropped(self.key, &mut after);
+            s.groups.handle_dropped(self.key, &mut after);
             stopped
         };
         self.inner.after(after);

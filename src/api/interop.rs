@@ -119,7 +119,7 @@ impl JobGroup {
         }
         let inner = self.pool.inner().clone();
         let key = self.key();
-        let Some(list) = inner.lock().group_watch(key) else {
+        let Some(list) = inner.lock().groups.watch(key) else {
             return self;
         };
         // Lets go of the record when dropped, fired or not (promise 3).
@@ -133,7 +133,7 @@ impl JobGroup {
                 // Registered before the test: a wake-up after it is not
                 // lost (the record wakes the list when the group ends).
                 waiter.set(cx.waker());
-                if inner.lock().group_ended(key) {
+                if inner.lock().groups.ended(key) {
                     Poll::Ready(())
                 } else {
                     Poll::Pending
@@ -159,7 +159,7 @@ struct GroupHold {
 impl Drop for GroupHold {
     fn drop(&mut self) {
         let mut after = After::default();
-        self.inner.lock().group_unwatch(self.key, &mut after);
+        self.inner.lock().groups.unwatch(self.key, &mut after);
         self.inner.after(after);
     }
 }
@@ -462,7 +462,7 @@ mod tests {
             .expect("pool");
         let token = CancellationToken::new();
         let before = watches();
-        let groups = || pool.inner().lock().groups_len();
+        let groups = || pool.inner().lock().groups.len();
         let records = groups();
 
         let group = pool.group().stop_on(token.clone());

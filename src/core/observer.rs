@@ -28,7 +28,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Instant, SystemTime};
 
 use crate::job::id::{JobId, JobState};
-use crate::job::record::JobCore;
 
 /// Receives every job's lifecycle transitions.
 ///
@@ -163,62 +162,6 @@ pub enum EventKind {
         /// The job's state when its caller left.
         state: JobState,
     },
-}
-
-/// Events waiting for delivery; lives in the pool's shared state.
-#[derive(Default)]
-pub(crate) struct EventQueue {
-    events: VecDeque<JobEvent>,
-    /// Events taken by the delivery thread and not yet delivered.
-    in_flight: usize,
-    delivered: u64,
-}
-
-impl EventQueue {
-    /// Appends an event (called under the pool lock, inv. 1).
-    pub(crate) fn push(&mut self, core: &JobCore, kind: EventKind) {
-        self.events.push_back(JobEvent {
-            id: core.id,
-            name: core.name().cloned(),
-            key: core.lane_key().cloned(),
-            kind,
-            at: Instant::now(),
-            at_wall: SystemTime::now(),
-            stop_requested: core.is_stop_requested(),
-        });
-    }
-
-    /// `true` when every appended event has been delivered.
-    pub(crate) fn is_drained(&self) -> bool {
-        self.events.is_empty() && self.in_flight == 0
-    }
-
-    /// Events appended and not yet delivered: how far the observer lags.
-    pub(crate) fn lag(&self) -> usize {
-        self.events.len() + self.in_flight
-    }
-
-    /// Events delivered so far.
-    pub(crate) fn delivered(&self) -> u64 {
-        self.delivered
-    }
-
-    /// Takes every pending event for the delivery thread (the only taker,
-    /// inv. 2); `None` if there is none.
-    pub(crate) fn take(&mut self) -> Option<VecDeque<JobEvent>> {
-        if self.events.is_empty() {
-            return None;
-        }
-        let batch = std::mem::take(&mut self.events);
-        self.in_flight = batch.len();
-        Some(batch)
-    }
-
-    /// The batch taken last was delivered.
-    pub(crate) fn done(&mut self) {
-        self.delivered += self.in_flight as u64;
-        self.in_flight = 0;
-    }
 }
 
 /// Delivers a batch outside every lock (inv. 2).

@@ -25,7 +25,7 @@ impl State {
             self.counts.rejected_shutdown += 1;
             return Err(Error::ShuttingDown { id: None });
         }
-        self.group_admits(core)?;
+        self.groups.admits(core)?;
         if let Err(full) = self.reserve(core, cancelled) {
             if self.would_miss_at_admission(core, Some(self.ahead_of_a_room_waiter())) {
                 self.counts.rejected_overload += 1;
@@ -33,7 +33,7 @@ impl State {
             }
             return Err(full);
         }
-        if self.observe && self.events.lag() >= self.observer_lag {
+        if self.events.holds_admission() {
             self.bound.unreserve();
             return Err(Error::ObserverBehind {
                 lag: self.events.lag(),
@@ -123,7 +123,7 @@ impl State {
         self.event(task.core(), EventKind::Accepted, after);
         let key = self.jobs.insert(task.clone());
         task.core().set_key(key);
-        self.group_join(task.core(), key);
+        self.groups.join(task.core(), key);
         self.lane_push(task.core(), key, after);
         self.queued += 1;
         self.bound.entered_queue(self.counts.accepted);

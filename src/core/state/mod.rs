@@ -98,7 +98,6 @@
 
 use std::time::Duration;
 
-use crate::core::observer::EventQueue;
 use crate::job::cell::Task;
 use crate::util::slab::{List, Slab};
 
@@ -108,7 +107,9 @@ pub(crate) use bound::Bound;
 mod events;
 mod groups;
 mod intake;
-pub(crate) use groups::StoppedJobs;
+use events::Events;
+pub(crate) use groups::Groups;
+pub(crate) use transitions::StoppedJobs;
 mod lanes;
 pub(crate) use lanes::KeyLimits;
 mod overload;
@@ -278,13 +279,10 @@ pub(crate) struct State {
     max_in_flight: usize,
     /// The queue bound and its reservations.
     pub(crate) bound: Bound,
-    observe: bool,
-    /// Undelivered observer events beyond which admission is held back.
-    observer_lag: usize,
     /// Every queued or running job, by the key its core records.
     jobs: Slab<Arc<dyn Task>>,
     /// Job groups (groups.rs).
-    groups: Slab<groups::GroupRec>,
+    pub(crate) groups: Groups,
     /// The lanes (lanes.rs): each holds its `Queued` jobs in submission
     /// order, and tombstones (S2). The default lane is always there.
     lanes: Slab<lanes::Lane>,
@@ -327,7 +325,8 @@ pub(crate) struct State {
     shutdown: bool,
     /// An immediate shutdown is draining the queue: nothing starts.
     draining: bool,
-    events: EventQueue,
+    /// The observer's events (events.rs).
+    events: Events,
     counts: Counts,
     /// Whether jobs are judged for their deadlines (overload.rs; off only
     /// by a test hook).
@@ -353,10 +352,8 @@ impl State {
         State {
             max_in_flight,
             bound: Bound::new(queue_capacity, count),
-            observe: observer_lag.is_some(),
-            observer_lag: observer_lag.unwrap_or(usize::MAX),
             jobs: Slab::default(),
-            groups: Slab::default(),
+            groups: Groups::default(),
             lanes,
             ring: List::default(),
             idle_lanes: List::default(),
@@ -376,7 +373,7 @@ impl State {
             waiters: Waiters::default(),
             shutdown: false,
             draining: false,
-            events: EventQueue::default(),
+            events: Events::new(observer_lag),
             counts: Counts::default(),
             judge: true,
             intake,

@@ -1,5 +1,6 @@
 //! What is read from [`State`] under the lock for reports: the running
-//! jobs, newly stuck jobs, and the metrics snapshot (S3).
+//! jobs (of the pool or of a group), newly stuck jobs, whether a job is in
+//! a group, and the metrics snapshot (S3).
 
 use std::time::Duration;
 
@@ -7,9 +8,31 @@ use super::State;
 use crate::core::metrics::Metrics;
 use crate::core::report::RunningJob;
 use crate::job::cell::Task;
+use crate::job::id::RUNNING;
+use crate::util::slab::Key;
 use crate::util::sync::Arc;
 
 impl State {
+    /// The running jobs of group `key` and its descendants.
+    pub(crate) fn group_running_jobs(&self, key: Key) -> Vec<RunningJob> {
+        self.groups
+            .members(key)
+            .into_iter()
+            .filter_map(|job| self.jobs.get(job))
+            .filter(|task| task.core().state_word() == RUNNING)
+            .map(|task| RunningJob::of(task.core()))
+            .collect()
+    }
+
+    /// Whether the job of slab key `job` (queued or running) belongs to
+    /// group `key` or one of its descendants.
+    pub(crate) fn job_in_group(&self, job: Key, key: Key) -> bool {
+        self.jobs
+            .get(job)
+            .and_then(|t| t.core().membership().map(|m| m.group))
+            .is_some_and(|member| self.groups.within(member, key))
+    }
+
     /// The running jobs, for the report and the monitor.
     pub(crate) fn running_jobs(&self) -> Vec<RunningJob> {
         self.jobs

@@ -1,7 +1,8 @@
 //! The job transitions of the locked state: *start*, *finish*,
-//! *cancel-queued*, *drain-unstarted*, *caller-left*, *stop-requested*, and
-//! the settling of outcomes published outside the lock (invariants S1–S5 of
-//! the module docs). *Accept* is in `admission.rs`.
+//! *cancel-queued*, *drain-unstarted*, *caller-left*, *stop-requested*, a
+//! group's *stop* and *close*, and the settling of outcomes published
+//! outside the lock (invariants S1–S5 of the module docs, G2 of
+//! `groups.rs`). *Accept* is in `admission.rs`.
 //!
 //! Then the workers' transitions that reach beyond [`Workers`](super::Workers): a spawn's
 //! outcome, retiring, joining, and the monitor's and delivery thread's
@@ -10,7 +11,7 @@
 
 use std::time::Duration;
 
-use super::{After, State, Worker};
+use super::{After, Room, State, Worker};
 use crate::core::observer::EventKind;
 use crate::job::cell::Task;
 use crate::job::id::{JobState, CANCELLED, COMPLETED, PANICKED, QUEUED, RUNNING, SHED, UNSTARTED};
@@ -19,7 +20,62 @@ use crate::job::record::JobCore;
 use crate::util::slab::Key;
 use crate::util::sync::{thread, Arc};
 
+/// What a group stop leaves to do after unlocking.
+#[derive(Default)]
+pub(crate) struct StoppedJobs {
+    /// Jobs it cancelled: their functions are discarded after unlocking.
+    pub(crate) cancelled: Vec<Arc<dyn Task>>,
+    /// Jobs running now whose stop flag it set: their stop callbacks run
+    /// after unlocking.
+    pub(crate) running: Vec<Arc<dyn Task>>,
+}
+
 impl State {
+    /// Transition *stop* of group `key`: marks it and its descendants
+    /// stopped (and closed), cancels their queued jobs (*cancel-queued*)
+    /// and sets the stop flag of their running ones, all in this one
+    /// critical section: none of the queued ones starts after the stop, and
+    /// every running one is stopped at once. Returns both, for the work
+    /// after unlocking (discarding functions, running stop callbacks) (G2).
+    /// `None` if the group was already stopped.
+    pub(crate) fn group_stop(&mut self, key: Key, after: &mut After) -> Option<StoppedJobs> {
+        let members = self.groups.stop(key)?;
+        self.group_refuses_from_now(after);
+        let jobs: Vec<Arc<dyn Task>> = members
+            .into_iter()
+            .filter_map(|job| self.jobs.get(job).cloned())
+            .collect();
+        let mut stopped = StoppedJobs::default();
+        for task in jobs {
+            if self.cancel_queued(task.core(), after) {
+                stopped.cancelled.push(task);
+            } else if crate::job::stop::mark_stopped(&*task) {
+                // Every running job's flag in this one critical section: no
+                // job freed by an earlier one's stop meets a later one still
+                // unstopped. The callbacks run after unlocking.
+                self.stop_requested();
+                stopped.running.push(task);
+            }
+        }
+        Some(stopped)
+    }
+
+    /// Transition *close* of group `key`: it and its descendants refuse new
+    /// jobs from now.
+    pub(crate) fn group_close(&mut self, key: Key, after: &mut After) {
+        self.groups.close(key);
+        self.group_refuses_from_now(after);
+    }
+
+    /// A group stopped or closed: callers waiting for room with a job of it
+    /// learn that it is refused now, not when room frees (which may be
+    /// never), as at a shutdown. The others look again and wait on.
+    fn group_refuses_from_now(&self, after: &mut After) {
+        if self.waiters.for_room() {
+            after.room = Room::All;
+        }
+    }
+
     /// Transition *start*: pops the next queued job and moves it to
     /// `Running`, taking its permit (S1, S2). `now` (from `now_ns`) is when
     /// it starts: a worker that just finished a job reads the clock once
@@ -39,7 +95,7 @@ impl State {
         let core = task.core();
         self.queued -= 1;
         self.bound.left_queue(1);
-        self.group_moved(core, QUEUED, RUNNING);
+        self.groups.moved(core, QUEUED, RUNNING);
         // No room frees: the job moves from waiting to running, and the
         // bound is on jobs beyond the free permits.
         debug_assert!(self.running.len() < self.max_in_flight, "S1");
@@ -78,7 +134,7 @@ impl State {
             (JobState::Completed, COMPLETED)
         };
         core.transition(RUNNING, word);
-        self.group_moved(core, RUNNING, word);
+        self.groups.moved(core, RUNNING, word);
         self.event(core, EventKind::Finished(state), after);
         // A free permit may let a room waiter in.
         self.room_freed(after);
@@ -120,7 +176,7 @@ impl State {
             self.counts.cancelled += 1;
         }
         self.unpublished += 1;
-        self.group_moved(core, QUEUED, word);
+        self.groups.moved(core, QUEUED, word);
         self.event(core, EventKind::Finished(JobState::from_u8(word)), after);
         self.room_freed(after);
         self.release_kept_worker(after);
@@ -183,7 +239,7 @@ impl State {
             self.queued -= 1;
             self.counts.unstarted += 1;
             self.unpublished += 1;
-            self.group_moved(task.core(), QUEUED, UNSTARTED);
+            self.groups.moved(task.core(), QUEUED, UNSTARTED);
             self.lane_left_queue(task.core());
             self.event(task.core(), EventKind::NeverStarted, after);
             into.push(task);
@@ -249,7 +305,7 @@ impl State {
         after: &mut After,
     ) {
         for g in groups {
-            self.group_published(g, after);
+            self.groups.published(g, after);
         }
         self.published(n, after);
     }
@@ -343,7 +399,10 @@ impl State {
     /// delivered (a refused job or a second shutdown starts no thread, and a
     /// terminated pool stays terminated).
     pub(crate) fn delivery_starting(&mut self) -> bool {
-        if !self.observe || self.workers.delivery() || (self.shutdown && self.events.is_drained()) {
+        if !self.events.observed()
+            || self.workers.delivery()
+            || (self.shutdown && self.events.is_drained())
+        {
             return false;
         }
         self.workers.delivery_starting();

@@ -66,7 +66,7 @@ impl State {
             // Queued jobs that a free permit would start now are not
             // waiting; jobs ahead of this one take free permits first.
             let free = self.free_permits();
-            let starting = free.min(self.startable_queued);
+            let starting = free.min(self.lanes.startable_queued());
             if !cancelled
                 && counted.saturating_sub(starting) >= self.bound.capacity()
                 && !self.would_start_at_once(core, free.saturating_sub(ahead))
@@ -104,7 +104,7 @@ impl State {
     /// permits, or held back by their lane's limit or a limiter (L5).
     pub(super) fn waiting_for_permit(&self) -> usize {
         self.queued
-            .saturating_sub(self.free_permits().min(self.startable_queued))
+            .saturating_sub(self.free_permits().min(self.lanes.startable_queued()))
     }
 
     /// Transition *accept* of a job admitted in this critical section. Its
@@ -171,7 +171,7 @@ impl State {
     pub(super) fn room_for_jobs_starting_at_once(&self, after: &mut After) -> bool {
         let only_some = self.waiters.for_room_plain()
             && self.waiting_for_permit() >= self.bound.capacity()
-            && self.free_permits() > self.startable_queued;
+            && self.free_permits() > self.lanes.startable_queued();
         if only_some {
             after.room = Room::All;
         }

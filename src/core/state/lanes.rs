@@ -31,7 +31,8 @@ use crate::job::record::{JobCore, LaneRef};
 mod limited;
 #[cfg(all(test, not(loom)))]
 mod tests;
-use crate::util::slab::{Key, List};
+mod tombstones;
+use crate::util::slab::{Key, List, Slab};
 pub(crate) use limited::{Blocked, OwnWaitMark};
 
 /// The default lane's key in the lane slab: inserted first, never removed.
@@ -45,6 +46,46 @@ const KEEP_IDLE_LANES: usize = 16;
 /// A lane slab of more slots than this gives its memory back once only
 /// the default lane holds a job (L3).
 const KEEP_LANE_SLOTS: usize = 4 * KEEP_IDLE_LANES;
+
+/// The pool's lanes and the order they take turns in (L1–L3, L5). The
+/// lanes' lists link the pool's job slab, so the transitions that move jobs
+/// through lanes are `State`'s (this file, `limited.rs`, `tombstones.rs`).
+pub(crate) struct Lanes {
+    /// Every lane: each holds its `Queued` jobs in submission order, and
+    /// tombstones (S2). The default lane is always there.
+    slab: Slab<Lane>,
+    /// The lanes with a startable job, in the order they take turns (L1).
+    ring: List,
+    /// Keyed lanes that hold no job, most recently emptied last (L3).
+    idle: List,
+    /// Keyed lanes by key.
+    index: HashMap<LaneId, Key>,
+    key_limits: KeyLimits,
+    /// The queued jobs a free permit would start now: the sum of the
+    /// startable lanes' shares (L5).
+    startable_queued: usize,
+}
+
+impl Lanes {
+    pub(super) fn new(key_limits: KeyLimits) -> Self {
+        let mut slab = Slab::default();
+        let default = slab.insert(Lane::new(None, usize::MAX));
+        debug_assert_eq!(default, DEFAULT_LANE);
+        Lanes {
+            slab,
+            ring: List::default(),
+            idle: List::default(),
+            index: HashMap::new(),
+            key_limits,
+            startable_queued: 0,
+        }
+    }
+
+    /// The queued jobs a free permit would start now (L5).
+    pub(super) fn startable_queued(&self) -> usize {
+        self.startable_queued
+    }
+}
 
 /// One lane: its queued jobs (and tombstones) in submission order, and its
 /// counts.
@@ -152,11 +193,11 @@ impl State {
                     Some(slot) => slot,
                     None => {
                         let limit = match &l.id {
-                            LaneId::Key(k) => self.key_limits.of(k),
+                            LaneId::Key(k) => self.lanes.key_limits.of(k),
                             LaneId::Limiter(_) | LaneId::Limiters(_) => usize::MAX,
                         };
-                        let slot = self.lanes.insert(Lane::new(Some(l.id.clone()), limit));
-                        self.lane_index.insert(l.id.clone(), slot);
+                        let slot = self.lanes.slab.insert(Lane::new(Some(l.id.clone()), limit));
+                        self.lanes.index.insert(l.id.clone(), slot);
                         slot
                     }
                 };
@@ -164,11 +205,11 @@ impl State {
                 slot
             }
         };
-        if let Some(l) = self.lanes.get_mut(lane) {
+        if let Some(l) = self.lanes.slab.get_mut(lane) {
             self.jobs.push_back(&mut l.jobs, job);
             l.queued += 1;
             if std::mem::take(&mut l.idle) {
-                self.lanes.unlink(&mut self.idle_lanes, lane);
+                self.lanes.slab.unlink(&mut self.lanes.idle, lane);
             }
         }
         self.lane_update(lane, after);
@@ -182,7 +223,7 @@ impl State {
         let Some(l) = core.lane() else {
             return true;
         };
-        match self.find_lane(l).and_then(|k| self.lanes.get(k)) {
+        match self.find_lane(l).and_then(|k| self.lanes.slab.get(k)) {
             Some(lane) => lane.running.saturating_add(lane.queued) < lane.limit,
             None => true,
         }
@@ -196,12 +237,13 @@ impl State {
         let cached = l.slot();
         if self
             .lanes
+            .slab
             .get(cached)
             .is_some_and(|lane| lane.id.as_ref() == Some(&l.id))
         {
             return Some(cached);
         }
-        let found = self.lane_index.get(&l.id).copied();
+        let found = self.lanes.index.get(&l.id).copied();
         if let Some(slot) = found {
             l.set_slot(slot);
         }
@@ -218,15 +260,15 @@ impl State {
     /// The lane a new job of `core` would join, if it exists yet.
     fn lane_to_join(&self, core: &JobCore) -> Option<&Lane> {
         match core.lane() {
-            None => self.lanes.get(DEFAULT_LANE),
-            Some(l) => self.find_lane(l).and_then(|k| self.lanes.get(k)),
+            None => self.lanes.slab.get(DEFAULT_LANE),
+            Some(l) => self.find_lane(l).and_then(|k| self.lanes.slab.get(k)),
         }
     }
 
     /// For overload.rs: the estimate of the lane of the queued or running
     /// job of `core`.
     pub(super) fn lane_pace(&self, core: &JobCore) -> Option<&Pace> {
-        Some(&self.lanes.get(Self::lane_of(core))?.pace)
+        Some(&self.lanes.slab.get(Self::lane_of(core))?.pace)
     }
 
     /// Whether a new job of `core` would start as soon as it is queued: it
@@ -235,7 +277,7 @@ impl State {
     /// permit would start first (L5). Such a job is not *waiting* for a
     /// permit (invariant 8): a full queue does not refuse it.
     pub(super) fn would_start_at_once(&self, core: &JobCore, free: usize) -> bool {
-        if !core.limiters().is_empty() || free <= self.startable_queued {
+        if !core.limiters().is_empty() || free <= self.lanes.startable_queued {
             return false;
         }
         self.lane_to_join(core)
@@ -257,8 +299,8 @@ impl State {
         let mut now = None;
         let mut shed = 0;
         loop {
-            let lane_key = self.ring.front()?;
-            let lane = self.lanes.get_mut(lane_key)?;
+            let lane_key = self.lanes.ring.front()?;
+            let lane = self.lanes.slab.get_mut(lane_key)?;
             let Some(key) = lane.jobs.front() else {
                 debug_assert!(false, "L1: a lane in the ring has a queued job");
                 return None;
@@ -288,7 +330,7 @@ impl State {
             if shed > 0 {
                 return None;
             }
-            let lane = self.lanes.get_mut(lane_key)?;
+            let lane = self.lanes.slab.get_mut(lane_key)?;
             let task = self.jobs.get(key)?;
             let limiters = task.core().limiters();
             if !limiters.is_empty() {
@@ -309,7 +351,7 @@ impl State {
             // L2: the lane's turn is over; it rejoins at the back.
             if lane.in_ring {
                 lane.in_ring = false;
-                self.lanes.unlink(&mut self.ring, lane_key);
+                self.lanes.slab.unlink(&mut self.lanes.ring, lane_key);
             }
             self.lane_update(lane_key, after);
             return Some((key, passed));
@@ -331,7 +373,7 @@ impl State {
         crate::job::limiter::release_all(core.limiters(), &mut after.limiter_wakes);
         self.take_own_grants(after);
         let lane = Self::lane_of(core);
-        if let Some(l) = self.lanes.get_mut(lane) {
+        if let Some(l) = self.lanes.slab.get_mut(lane) {
             l.running -= 1;
             if let Some(ran) = ran {
                 l.pace.record(ran, core.is_stop_requested());
@@ -346,7 +388,7 @@ impl State {
     pub(super) fn lane_cancelled(&mut self, core: &JobCore, after: &mut After) {
         self.lane_left_queue(core);
         let lane = Self::lane_of(core);
-        let Some(l) = self.lanes.get_mut(lane) else {
+        let Some(l) = self.lanes.slab.get_mut(lane) else {
             return;
         };
         l.queued -= 1;
@@ -375,14 +417,14 @@ impl State {
     /// without queued jobs out of its blocked list (passing on a wake-up it
     /// had: L4), and drops a keyed lane that holds no job (L3).
     pub(super) fn lane_update(&mut self, lane_key: Key, after: &mut After) {
-        let Some(mut lane) = self.lanes.get_mut(lane_key) else {
+        let Some(mut lane) = self.lanes.slab.get_mut(lane_key) else {
             return;
         };
         // S2: tombstones never outnumber the lane's queued jobs for long
         // (a start may leave them behind its job; a cancel adds one).
         if lane.tombstones > lane.queued {
             self.unlink_tombstones(lane_key, after);
-            let Some(again) = self.lanes.get_mut(lane_key) else {
+            let Some(again) = self.lanes.slab.get_mut(lane_key) else {
                 return;
             };
             lane = again;
@@ -390,7 +432,7 @@ impl State {
         if lane.queued == 0 || self.draining {
             if let Some(id) = lane.blocked_on.take() {
                 self.unblock(lane_key, id, after);
-                let Some(again) = self.lanes.get_mut(lane_key) else {
+                let Some(again) = self.lanes.slab.get_mut(lane_key) else {
                     return;
                 };
                 lane = again;
@@ -407,7 +449,7 @@ impl State {
         } else {
             0
         };
-        self.startable_queued = self.startable_queued - lane.contrib + contrib;
+        self.lanes.startable_queued = self.lanes.startable_queued - lane.contrib + contrib;
         let grew = contrib > lane.contrib;
         lane.contrib = contrib;
         let passed = if lane.queued == 0 {
@@ -421,9 +463,9 @@ impl State {
         if startable != lane.in_ring {
             lane.in_ring = startable;
             if startable {
-                self.lanes.push_back(&mut self.ring, lane_key);
+                self.lanes.slab.push_back(&mut self.lanes.ring, lane_key);
             } else {
-                self.lanes.unlink(&mut self.ring, lane_key);
+                self.lanes.slab.unlink(&mut self.lanes.ring, lane_key);
             }
         }
         if newly_idle {
@@ -446,11 +488,13 @@ impl State {
     /// `KEEP_LANE_SLOTS`, every idle lane goes and the slab gives its
     /// memory back.
     fn lane_emptied(&mut self, lane_key: Key) {
-        self.lanes.push_back(&mut self.idle_lanes, lane_key);
-        if self.idle_lanes.len() > KEEP_IDLE_LANES {
+        self.lanes.slab.push_back(&mut self.lanes.idle, lane_key);
+        if self.lanes.idle.len() > KEEP_IDLE_LANES {
             self.drop_idle_lane();
         }
-        if self.lanes.len() == 1 + self.idle_lanes.len() && self.lanes.slots() > KEEP_LANE_SLOTS {
+        if self.lanes.slab.len() == 1 + self.lanes.idle.len()
+            && self.lanes.slab.slots() > KEEP_LANE_SLOTS
+        {
             while self.drop_idle_lane() {}
             self.compact_lanes();
         }
@@ -458,11 +502,11 @@ impl State {
 
     /// L3: drops the idle lane emptied first; `false` if there is none.
     fn drop_idle_lane(&mut self) -> bool {
-        let Some(oldest) = self.lanes.pop_front(&mut self.idle_lanes) else {
+        let Some(oldest) = self.lanes.slab.pop_front(&mut self.lanes.idle) else {
             return false;
         };
-        if let Some(id) = self.lanes.remove(oldest).and_then(|gone| gone.id) {
-            self.lane_index.remove(&id);
+        if let Some(id) = self.lanes.slab.remove(oldest).and_then(|gone| gone.id) {
+            self.lanes.index.remove(&id);
         }
         true
     }
@@ -472,26 +516,53 @@ impl State {
     /// empties: the default lane leaves it for a moment and comes back as
     /// key 0). Amortised O(1): paid for by the lanes that grew it.
     fn compact_lanes(&mut self) {
-        let in_ring = self.lanes.get(DEFAULT_LANE).is_some_and(|l| l.in_ring);
+        let in_ring = self.lanes.slab.get(DEFAULT_LANE).is_some_and(|l| l.in_ring);
         if in_ring {
-            self.lanes.unlink(&mut self.ring, DEFAULT_LANE);
+            self.lanes.slab.unlink(&mut self.lanes.ring, DEFAULT_LANE);
         }
-        let Some(default) = self.lanes.remove(DEFAULT_LANE) else {
+        let Some(default) = self.lanes.slab.remove(DEFAULT_LANE) else {
             return;
         };
-        let key = self.lanes.insert(default);
+        let key = self.lanes.slab.insert(default);
         debug_assert_eq!(key, DEFAULT_LANE, "an empty slab hands out key 0");
         if in_ring {
-            self.lanes.push_back(&mut self.ring, DEFAULT_LANE);
+            self.lanes
+                .slab
+                .push_back(&mut self.lanes.ring, DEFAULT_LANE);
         }
-        if self.lane_index.capacity() > 64 {
-            self.lane_index = HashMap::new();
+        if self.lanes.index.capacity() > 64 {
+            self.lanes.index = HashMap::new();
+        }
+    }
+
+    /// Transition *drain-unstarted*'s first step: the lanes to drain, last
+    /// first (the default lane is drained first), with every lane out of
+    /// the ring (nothing starts while the pool drains).
+    pub(super) fn lanes_to_drain(&mut self, after: &mut After) -> Vec<Key> {
+        let mut order: Vec<Key> = self.lanes.slab.keys().collect();
+        order.reverse();
+        while let Some(lane) = self.lanes.ring.front() {
+            self.lane_update(lane, after);
+        }
+        order
+    }
+
+    /// Unlinks the front job (queued or tombstone) of `lane`, for a drain.
+    pub(super) fn lane_pop_front(&mut self, lane: Key) -> Option<Key> {
+        let l = self.lanes.slab.get_mut(lane)?;
+        self.jobs.pop_front(&mut l.jobs)
+    }
+
+    /// A job unlinked from `lane` by a drain left the queue.
+    pub(super) fn lane_drained_one(&mut self, lane: Key) {
+        if let Some(l) = self.lanes.slab.get_mut(lane) {
+            l.queued -= 1;
         }
     }
 
     /// Whether some lane has a startable job.
     pub(crate) fn has_startable(&self) -> bool {
-        !self.ring.is_empty()
+        !self.lanes.ring.is_empty()
     }
 
     /// The `n` keyed lanes with the most jobs (queued and running), busiest
@@ -499,6 +570,7 @@ impl State {
     pub(crate) fn key_stats(&self, n: usize) -> Vec<KeyStats> {
         let mut all: Vec<KeyStats> = self
             .lanes
+            .slab
             .values()
             .filter(|l| !l.idle)
             .filter_map(|l| {

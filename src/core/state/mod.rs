@@ -112,10 +112,10 @@ pub(crate) use groups::Groups;
 pub(crate) use transitions::StoppedJobs;
 mod lanes;
 pub(crate) use lanes::KeyLimits;
+use lanes::Lanes;
 mod overload;
 pub(crate) use lanes::OwnWaitMark;
 mod queries;
-mod tombstones;
 mod transitions;
 mod waiters;
 pub(crate) use waiters::Wait;
@@ -283,15 +283,8 @@ pub(crate) struct State {
     jobs: Slab<Arc<dyn Task>>,
     /// Job groups (groups.rs).
     pub(crate) groups: Groups,
-    /// The lanes (lanes.rs): each holds its `Queued` jobs in submission
-    /// order, and tombstones (S2). The default lane is always there.
-    lanes: Slab<lanes::Lane>,
-    /// The lanes with a startable job, in the order they take turns (L1).
-    ring: List,
-    /// Keyed lanes that hold no job, most recently emptied last (L3).
-    idle_lanes: List,
-    /// Keyed lanes by key.
-    lane_index: std::collections::HashMap<crate::job::lane::LaneId, crate::util::slab::Key>,
+    /// The lanes and their turns (lanes.rs).
+    lanes: Lanes,
     /// The limiters this pool's lanes wait for, by id, each with its lanes
     /// blocked on it in the order they blocked (lanes.rs L4).
     limited: std::collections::HashMap<u64, lanes::Blocked>,
@@ -303,14 +296,10 @@ pub(crate) struct State {
     /// Lanes readied by a limiter's grant whose start is still to come:
     /// pool permits promised to grants (limiter/mod.rs M3).
     readied: usize,
-    key_limits: KeyLimits,
     /// The lanes an immediate shutdown has still to drain, last first.
     drain_lanes: Vec<crate::util::slab::Key>,
     /// The `Queued` jobs, in every lane (S2).
     queued: usize,
-    /// The queued jobs a free permit would start now: the sum of the
-    /// startable lanes' shares (L5).
-    startable_queued: usize,
     /// The cancelled jobs still linked in a lane (S2).
     tombstones: usize,
     /// Exactly the `Running` jobs; its length is the permits held (S1).
@@ -346,26 +335,18 @@ impl State {
         watcher: std::sync::Weak<dyn crate::job::limiter::Watcher>,
         intake: Option<std::sync::Arc<crate::core::fast::intake::Intake>>,
     ) -> Self {
-        let mut lanes = Slab::default();
-        let default = lanes.insert(lanes::Lane::new(None, usize::MAX));
-        debug_assert_eq!(default, lanes::DEFAULT_LANE);
         State {
             max_in_flight,
             bound: Bound::new(queue_capacity, count),
             jobs: Slab::default(),
             groups: Groups::default(),
-            lanes,
-            ring: List::default(),
-            idle_lanes: List::default(),
-            lane_index: std::collections::HashMap::new(),
+            lanes: Lanes::new(key_limits),
             limited: std::collections::HashMap::new(),
             watcher: crate::job::limiter::PoolRef::new(watcher, max_in_flight),
             declines: false,
             readied: 0,
-            key_limits,
             drain_lanes: Vec::new(),
             queued: 0,
-            startable_queued: 0,
             tombstones: 0,
             running: List::default(),
             workers: Workers::new(max_in_flight, intake.clone()),

@@ -169,7 +169,7 @@ impl State {
             return false;
         };
         // This job is one of the startable ones.
-        if !self.judge || self.startable_queued.saturating_sub(1) < self.free_permits() {
+        if !self.judge || self.lanes.startable_queued().saturating_sub(1) < self.free_permits() {
             return false;
         }
         let Some(need) = self.lane_pace(core).and_then(|p| p.need(START)) else {

@@ -200,11 +200,7 @@ impl State {
             self.draining = true;
             self.release_kept_worker(after);
             // Lane by lane, the default lane first; no lane is made now.
-            self.drain_lanes = self.lanes.keys().collect();
-            self.drain_lanes.reverse();
-            while let Some(lane) = self.ring.front() {
-                self.lane_update(lane, after);
-            }
+            self.drain_lanes = self.lanes_to_drain(after);
         }
         let mut left = max;
         let before = self.queued;
@@ -212,11 +208,7 @@ impl State {
             let Some(&lane) = self.drain_lanes.last() else {
                 break;
             };
-            let next = self
-                .lanes
-                .get_mut(lane)
-                .and_then(|l| self.jobs.pop_front(&mut l.jobs));
-            let Some(key) = next else {
+            let Some(key) = self.lane_pop_front(lane) else {
                 self.drain_lanes.pop();
                 self.lane_update(lane, after);
                 continue;
@@ -232,9 +224,7 @@ impl State {
             let Some(task) = self.jobs.remove(key) else {
                 continue;
             };
-            if let Some(l) = self.lanes.get_mut(lane) {
-                l.queued -= 1;
-            }
+            self.lane_drained_one(lane);
             left -= 1;
             self.queued -= 1;
             self.counts.unstarted += 1;

@@ -36,17 +36,17 @@ impl State {
             limiter: full,
             lanes: List::default(),
         });
-        let Some(lane) = self.lanes.get_mut(lane_key) else {
+        let Some(lane) = self.lanes.slab.get_mut(lane_key) else {
             return;
         };
         let in_ring = std::mem::take(&mut lane.in_ring);
         lane.blocked_on = Some(id);
-        self.startable_queued -= std::mem::take(&mut lane.contrib);
+        self.lanes.startable_queued -= std::mem::take(&mut lane.contrib);
         let woken = lane.woken_by.take();
         if in_ring {
-            self.lanes.unlink(&mut self.ring, lane_key);
+            self.lanes.slab.unlink(&mut self.lanes.ring, lane_key);
         }
-        self.lanes.push_back(&mut entry.lanes, lane_key);
+        self.lanes.slab.push_back(&mut entry.lanes, lane_key);
         self.room_for_jobs_starting_at_once(after);
         if let Some(woken) = woken {
             self.readied_gave_up(after);
@@ -69,7 +69,7 @@ impl State {
         let Some(b) = self.limited.get_mut(&id) else {
             return;
         };
-        self.lanes.unlink(&mut b.lanes, lane);
+        self.lanes.slab.unlink(&mut b.lanes, lane);
         if b.lanes.is_empty() {
             self.stop_waiting(id, 0, after);
         }
@@ -204,23 +204,23 @@ impl State {
         let Some(b) = self.limited.get_mut(&id) else {
             return false;
         };
-        let Some(lane_key) = self.lanes.pop_front(&mut b.lanes) else {
+        let Some(lane_key) = self.lanes.slab.pop_front(&mut b.lanes) else {
             self.stop_waiting(id, 0, after);
             return false;
         };
         if b.lanes.is_empty() {
             self.stop_waiting(id, 0, after);
         }
-        if let Some(lane) = self.lanes.get_mut(lane_key) {
+        if let Some(lane) = self.lanes.slab.get_mut(lane_key) {
             lane.blocked_on = None;
             lane.woken_by = Some(limiter.clone());
             self.readied += 1;
         }
         self.lane_update(lane_key, after);
         // The readied lane starts next: its grant's pool permit is waiting.
-        if self.lanes.get(lane_key).is_some_and(|l| l.in_ring) {
-            self.lanes.unlink(&mut self.ring, lane_key);
-            self.lanes.push_front(&mut self.ring, lane_key);
+        if self.lanes.slab.get(lane_key).is_some_and(|l| l.in_ring) {
+            self.lanes.slab.unlink(&mut self.lanes.ring, lane_key);
+            self.lanes.slab.push_front(&mut self.lanes.ring, lane_key);
         }
         after.find_worker = true;
         true
@@ -254,6 +254,7 @@ impl State {
         if same_lane
             && self
                 .lanes
+                .slab
                 .get(lane)
                 .is_some_and(|l| l.own_waiters.saturating_add(1) >= l.limit)
         {
@@ -266,7 +267,7 @@ impl State {
             }
             mark.limiters.push(limiter);
         }
-        if let Some(l) = self.lanes.get_mut(lane).filter(|_| same_lane) {
+        if let Some(l) = self.lanes.slab.get_mut(lane).filter(|_| same_lane) {
             l.own_waiters += 1;
             mark.lane = Some(lane);
         }
@@ -276,7 +277,7 @@ impl State {
     /// Undoes what [`lane_own_wait`](Self::lane_own_wait) counted. The
     /// waiter still runs in its lane, so the lane is still there.
     pub(in crate::core::state) fn lane_own_wait_ended(&mut self, mark: OwnWaitMark) {
-        if let Some(l) = mark.lane.and_then(|k| self.lanes.get_mut(k)) {
+        if let Some(l) = mark.lane.and_then(|k| self.lanes.slab.get_mut(k)) {
             l.own_waiters -= 1;
         }
         for limiter in mark.limiters {
@@ -296,6 +297,7 @@ impl Drop for State {
         }
         let woken: Vec<Limiter> = self
             .lanes
+            .slab
             .values()
             .filter_map(|l| l.woken_by.clone())
             .collect();

@@ -68,23 +68,23 @@ fn a_pool_keeps_the_lanes_of_its_last_idle_keys() {
     for key in 0..KEEP_IDLE_LANES + 4 {
         run_one(&mut s, key);
     }
-    assert_eq!(s.idle_lanes.len(), KEEP_IDLE_LANES);
+    assert_eq!(s.lanes.idle.len(), KEEP_IDLE_LANES);
     assert_eq!(
-        s.lanes.len(),
+        s.lanes.slab.len(),
         1 + KEEP_IDLE_LANES,
         "the default lane and the idle ones"
     );
     assert!(
-        s.lanes.slots() <= 2 + KEEP_IDLE_LANES,
+        s.lanes.slab.slots() <= 2 + KEEP_IDLE_LANES,
         "{}",
-        s.lanes.slots()
+        s.lanes.slab.slots()
     );
     // The last key's lane is found again, not made anew.
     let last = KEEP_IDLE_LANES + 3;
-    let slots = s.lanes.slots();
+    let slots = s.lanes.slab.slots();
     run_one(&mut s, last);
     assert_eq!(
-        (s.lanes.len(), s.lanes.slots()),
+        (s.lanes.slab.len(), s.lanes.slab.slots()),
         (1 + KEEP_IDLE_LANES, slots)
     );
 }
@@ -95,7 +95,7 @@ fn burst_of_keys(s: &mut State, keys: usize) -> usize {
     let jobs: Vec<_> = (0..keys)
         .map(|k| accept(s, Some(k.into()), Vec::new()))
         .collect();
-    let peak = s.lanes.slots();
+    let peak = s.lanes.slab.slots();
     for job in jobs {
         assert!(s.cancel_queued(job.core(), &mut After::default()));
     }
@@ -118,13 +118,17 @@ fn a_lane_slab_gives_its_memory_back_only_beyond_its_bound() {
     let mut s = state(1, usize::MAX, &watcher);
     let peak = burst_of_keys(&mut s, bound - 1);
     assert_eq!(peak, bound);
-    assert_eq!(s.lanes.slots(), bound, "kept for the next burst");
-    assert_eq!(s.lanes.len(), 1 + KEEP_IDLE_LANES);
+    assert_eq!(s.lanes.slab.slots(), bound, "kept for the next burst");
+    assert_eq!(s.lanes.slab.len(), 1 + KEEP_IDLE_LANES);
 
     let mut s = state(1, usize::MAX, &watcher);
     let peak = burst_of_keys(&mut s, bound);
     assert_eq!(peak, bound + 1);
-    assert_eq!((s.lanes.slots(), s.lanes.len()), (1, 1), "given back");
+    assert_eq!(
+        (s.lanes.slab.slots(), s.lanes.slab.len()),
+        (1, 1),
+        "given back"
+    );
     // The default lane still works.
     let task = accept(&mut s, None, Vec::new());
     let started = s.start(0, &mut After::default()).expect("a start");
@@ -144,6 +148,7 @@ fn tombstones_are_unlinked_once_they_outnumber_the_queued_jobs() {
     assert!(s.cancel_queued(back.core(), &mut After::default()));
     let lane = s
         .lanes
+        .slab
         .get(super::State::lane_of(back.core()))
         .expect("lane");
     assert_eq!((lane.queued, lane.tombstones), (1, 1), "as many: kept");
@@ -153,6 +158,7 @@ fn tombstones_are_unlinked_once_they_outnumber_the_queued_jobs() {
     assert!(after.dead.is_empty());
     let lane = s
         .lanes
+        .slab
         .get(super::State::lane_of(front.core()))
         .expect("lane");
     assert_eq!((lane.queued, lane.tombstones), (1, 1));

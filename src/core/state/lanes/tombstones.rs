@@ -3,7 +3,7 @@
 //! unlinked when a start or a drain reaches them, or all of a lane's at
 //! once when they outnumber its queued jobs.
 
-use super::{After, State};
+use crate::core::state::{After, State};
 use crate::job::id::QUEUED;
 use crate::util::slab::Key;
 
@@ -11,8 +11,8 @@ impl State {
     /// Unlinks every tombstone of `lane`, keeping its queued jobs in order
     /// (S2). Called when its tombstones outnumber its queued jobs, so the
     /// walk costs at most twice the tombstones it removes, plus one.
-    pub(super) fn unlink_tombstones(&mut self, lane: Key, after: &mut After) {
-        let Some(l) = self.lanes.get_mut(lane) else {
+    pub(in crate::core::state) fn unlink_tombstones(&mut self, lane: Key, after: &mut After) {
+        let Some(l) = self.lanes.slab.get_mut(lane) else {
             return;
         };
         let mut jobs = std::mem::take(&mut l.jobs);
@@ -30,7 +30,7 @@ impl State {
                 self.bury(lane, key, after);
             }
         }
-        if let Some(l) = self.lanes.get_mut(lane) {
+        if let Some(l) = self.lanes.slab.get_mut(lane) {
             l.jobs = jobs;
             debug_assert_eq!(l.tombstones, 0, "S2: every tombstone was linked");
             debug_assert_eq!(l.jobs.len(), l.queued, "S2");
@@ -39,8 +39,8 @@ impl State {
 
     /// Lets go of the tombstone `key` of `lane`, just unlinked (dropped
     /// after unlocking: S4).
-    pub(super) fn bury(&mut self, lane: Key, key: Key, after: &mut After) {
-        if let Some(l) = self.lanes.get_mut(lane) {
+    pub(in crate::core::state) fn bury(&mut self, lane: Key, key: Key, after: &mut After) {
+        if let Some(l) = self.lanes.slab.get_mut(lane) {
             l.tombstones -= 1;
         }
         self.tombstones -= 1;

@@ -25,7 +25,7 @@ use super::overload::{Pace, SHED_CHUNK};
 use super::{After, State};
 use crate::job::id::QUEUED;
 use crate::job::lane::{KeyStats, LaneId, LaneKey};
-use crate::job::limiter::{try_acquire_all, Limiter};
+use crate::job::limiter::{try_acquire_all, Limiter, PoolRef};
 use crate::job::record::{JobCore, LaneRef};
 
 mod limited;
@@ -64,10 +64,21 @@ pub(crate) struct Lanes {
     /// The queued jobs a free permit would start now: the sum of the
     /// startable lanes' shares (L5).
     startable_queued: usize,
+    /// The limiters this pool's lanes wait for, by id, each with its lanes
+    /// blocked on it in the order they blocked (L4).
+    limited: HashMap<u64, Blocked>,
+    /// This pool, as a limiter's watcher (limiter/mod.rs M2).
+    watcher: PoolRef,
+    /// This pool declines limiters' grants: it gave one back for want of a
+    /// permit (limiter/mod.rs M3), until a permit of it frees.
+    declines: bool,
+    /// Lanes readied by a limiter's grant whose start is still to come:
+    /// pool permits promised to grants (limiter/mod.rs M3).
+    readied: usize,
 }
 
 impl Lanes {
-    pub(super) fn new(key_limits: KeyLimits) -> Self {
+    pub(super) fn new(key_limits: KeyLimits, watcher: PoolRef) -> Self {
         let mut slab = Slab::default();
         let default = slab.insert(Lane::new(None, usize::MAX));
         debug_assert_eq!(default, DEFAULT_LANE);
@@ -78,6 +89,10 @@ impl Lanes {
             index: HashMap::new(),
             key_limits,
             startable_queued: 0,
+            limited: HashMap::new(),
+            watcher,
+            declines: false,
+            readied: 0,
         }
     }
 
@@ -334,7 +349,7 @@ impl State {
             let task = self.jobs.get(key)?;
             let limiters = task.core().limiters();
             if !limiters.is_empty() {
-                if let Err(full) = try_acquire_all(limiters, &self.watcher) {
+                if let Err(full) = try_acquire_all(limiters, &self.lanes.watcher) {
                     self.lane_block(lane_key, full, after);
                     continue;
                 }
@@ -342,7 +357,7 @@ impl State {
             let woken = lane.woken_by.take();
             if woken.is_some() {
                 // The pool permit promised to the grant is this start's.
-                self.readied -= 1;
+                self.lanes.readied -= 1;
             }
             let passed = woken.filter(|w| !limiters.contains(w));
             self.jobs.unlink(&mut lane.jobs, key);
@@ -458,7 +473,7 @@ impl State {
             None
         };
         if passed.is_some() {
-            self.readied -= 1;
+            self.lanes.readied -= 1;
         }
         if startable != lane.in_ring {
             lane.in_ring = startable;

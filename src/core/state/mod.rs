@@ -285,17 +285,6 @@ pub(crate) struct State {
     pub(crate) groups: Groups,
     /// The lanes and their turns (lanes.rs).
     lanes: Lanes,
-    /// The limiters this pool's lanes wait for, by id, each with its lanes
-    /// blocked on it in the order they blocked (lanes.rs L4).
-    limited: std::collections::HashMap<u64, lanes::Blocked>,
-    /// This pool, as a limiter's watcher (limiter/mod.rs M2).
-    watcher: crate::job::limiter::PoolRef,
-    /// This pool declines limiters' grants: it gave one back for want of a
-    /// permit (limiter/mod.rs M3), until a permit of it frees.
-    declines: bool,
-    /// Lanes readied by a limiter's grant whose start is still to come:
-    /// pool permits promised to grants (limiter/mod.rs M3).
-    readied: usize,
     /// The lanes an immediate shutdown has still to drain, last first.
     drain_lanes: Vec<crate::util::slab::Key>,
     /// The `Queued` jobs, in every lane (S2).
@@ -340,11 +329,10 @@ impl State {
             bound: Bound::new(queue_capacity, count),
             jobs: Slab::default(),
             groups: Groups::default(),
-            lanes: Lanes::new(key_limits),
-            limited: std::collections::HashMap::new(),
-            watcher: crate::job::limiter::PoolRef::new(watcher, max_in_flight),
-            declines: false,
-            readied: 0,
+            lanes: Lanes::new(
+                key_limits,
+                crate::job::limiter::PoolRef::new(watcher, max_in_flight),
+            ),
             drain_lanes: Vec::new(),
             queued: 0,
             tombstones: 0,

@@ -32,7 +32,7 @@ impl State {
         after: &mut After,
     ) {
         let id = full.id();
-        let entry = self.limited.entry(id).or_insert_with(|| Blocked {
+        let entry = self.lanes.limited.entry(id).or_insert_with(|| Blocked {
             limiter: full,
             lanes: List::default(),
         });
@@ -60,13 +60,13 @@ impl State {
     /// running function (clock.rs: such lanes wait for something outside
     /// the pools).
     pub(in crate::core::state) fn blocked_limiters_idle(&self) -> bool {
-        self.limited.values().all(|b| !b.limiter.is_held())
+        self.lanes.limited.values().all(|b| !b.limiter.is_held())
     }
 
     /// Takes `lane` out of the list of lanes blocked on limiter `id`; once
     /// none is left, leaves the limiter's queue (M2) and lets go of it.
     pub(in crate::core::state) fn unblock(&mut self, lane: Key, id: u64, after: &mut After) {
-        let Some(b) = self.limited.get_mut(&id) else {
+        let Some(b) = self.lanes.limited.get_mut(&id) else {
             return;
         };
         self.lanes.slab.unlink(&mut b.lanes, lane);
@@ -83,9 +83,9 @@ impl State {
         give_back: usize,
         after: &mut After,
     ) {
-        if let Some(b) = self.limited.remove(&id) {
+        if let Some(b) = self.lanes.limited.remove(&id) {
             b.limiter
-                .leave(&self.watcher, give_back, &mut after.limiter_wakes);
+                .leave(&self.lanes.watcher, give_back, &mut after.limiter_wakes);
         }
     }
 
@@ -113,7 +113,7 @@ impl State {
             return;
         }
         let mut own = Vec::new();
-        let me = &self.watcher;
+        let me = &self.lanes.watcher;
         after.limiter_wakes.retain_mut(|(limiter, granted)| {
             granted.retain(|p| {
                 let mine = p.is(me);
@@ -150,15 +150,16 @@ impl State {
         after: &mut After,
     ) {
         let blocked = self
+            .lanes
             .limited
             .get(&limiter.id())
             .is_some_and(|b| !b.lanes.is_empty());
         if blocked {
-            self.declines = true;
-            self.watcher.set_declines(true);
-            limiter.decline(&self.watcher, n, &mut after.limiter_wakes);
+            self.lanes.declines = true;
+            self.lanes.watcher.set_declines(true);
+            limiter.decline(&self.lanes.watcher, n, &mut after.limiter_wakes);
         } else {
-            limiter.leave(&self.watcher, n, &mut after.limiter_wakes);
+            limiter.leave(&self.lanes.watcher, n, &mut after.limiter_wakes);
         }
     }
 
@@ -169,25 +170,25 @@ impl State {
             return 0;
         }
         self.max_in_flight
-            .saturating_sub(self.running.len().saturating_add(self.readied))
+            .saturating_sub(self.running.len().saturating_add(self.lanes.readied))
     }
 
     /// A lane readied by a grant gave up its turn without starting: the
     /// pool permit promised to it is free again.
     pub(in crate::core::state) fn readied_gave_up(&mut self, after: &mut After) {
-        self.readied -= 1;
+        self.lanes.readied -= 1;
         self.stop_declining(after);
     }
 
     /// A pool permit freed: a pool that declined grants takes them again,
     /// and the limiters it waits for grant their free permits anew (M3).
     pub(in crate::core::state) fn stop_declining(&mut self, after: &mut After) {
-        if !self.declines {
+        if !self.lanes.declines {
             return;
         }
-        self.declines = false;
-        self.watcher.set_declines(false);
-        for b in self.limited.values() {
+        self.lanes.declines = false;
+        self.lanes.watcher.set_declines(false);
+        for b in self.lanes.limited.values() {
             b.limiter.redispense(&mut after.limiter_wakes);
         }
     }
@@ -201,7 +202,7 @@ impl State {
         after: &mut After,
     ) -> bool {
         let id = limiter.id();
-        let Some(b) = self.limited.get_mut(&id) else {
+        let Some(b) = self.lanes.limited.get_mut(&id) else {
             return false;
         };
         let Some(lane_key) = self.lanes.slab.pop_front(&mut b.lanes) else {
@@ -214,7 +215,7 @@ impl State {
         if let Some(lane) = self.lanes.slab.get_mut(lane_key) {
             lane.blocked_on = None;
             lane.woken_by = Some(limiter.clone());
-            self.readied += 1;
+            self.lanes.readied += 1;
         }
         self.lane_update(lane_key, after);
         // The readied lane starts next: its grant's pool permit is waiting.
@@ -292,8 +293,8 @@ impl Drop for State {
     /// not left waiting for permits nobody will spend.
     fn drop(&mut self) {
         let mut wakes = Vec::new();
-        for (_, b) in self.limited.drain() {
-            b.limiter.leave(&self.watcher, usize::MAX, &mut wakes);
+        for (_, b) in self.lanes.limited.drain() {
+            b.limiter.leave(&self.lanes.watcher, usize::MAX, &mut wakes);
         }
         let woken: Vec<Limiter> = self
             .lanes
@@ -302,7 +303,7 @@ impl Drop for State {
             .filter_map(|l| l.woken_by.clone())
             .collect();
         for limiter in woken {
-            limiter.leave(&self.watcher, usize::MAX, &mut wakes);
+            limiter.leave(&self.lanes.watcher, usize::MAX, &mut wakes);
         }
         for (limiter, granted) in wakes {
             limiter.wake(&granted);

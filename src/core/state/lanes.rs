@@ -120,7 +120,7 @@ pub(super) struct Lane {
     limit: usize,
     /// Linked into the ring of startable lanes.
     in_ring: bool,
-    /// Holds no job and is linked into `State::idle_lanes` (L3).
+    /// Holds no job and is linked into `Lanes::idle` (L3).
     idle: bool,
     /// The limiter (by id) whose list of blocked lanes this lane is in.
     blocked_on: Option<u64>,

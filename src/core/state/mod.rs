@@ -42,7 +42,7 @@
 //!   lane, and all of a lane's at once whenever they outnumber its queued
 //!   jobs (a walk paid for by the cancels that made them), so they never
 //!   hold more than the live queue's memory.
-//! - **L1 (ring = startable lanes).** A lane is linked in `ring` exactly
+//! - **L1 (ring = startable lanes).** A lane is linked in `Lanes::ring` exactly
 //!   when it has a queued job and fewer running jobs than its limit (and no
 //!   immediate shutdown is draining); every change of a lane's counts ends
 //!   in `lane_update`, which restores this. So [`State::start`] finds a
@@ -74,7 +74,7 @@
 //!   admits beyond the bound a job that would start at once (invariant 8).
 //! - **L3 (lanes follow use).** A keyed lane exists while it holds a queued
 //!   job, a tombstone or a running job, and afterwards only as one of the
-//!   at most `KEEP_IDLE_LANES` most recently emptied (`idle_lanes`, so that
+//!   at most `KEEP_IDLE_LANES` most recently emptied (`Lanes::idle`, so that
 //!   a key whose jobs come one at a time does not make and drop its lane
 //!   for each); once only the default lane holds a job and the lane slab
 //!   outgrew a few entries, the idle lanes go and the slab gives its

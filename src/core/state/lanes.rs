@@ -127,7 +127,7 @@ pub(super) struct Lane {
     /// A grant of this limiter readied the lane: if the lane does not use
     /// it, the grant passes on (L4).
     woken_by: Option<Limiter>,
-    /// Its share of `State::startable_queued`: the jobs a free permit
+    /// Its share of `Lanes::startable_queued`: the jobs a free permit
     /// would start now (L5).
     contrib: usize,
     /// Its running functions blocked waiting for one of its queued jobs

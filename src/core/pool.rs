@@ -256,7 +256,7 @@ pub(crate) struct Inner {
     me: std::sync::Weak<Inner>,
     /// May an awaiting caller spin, and how long (fast/caller_spin.rs)?
     pub(crate) caller_spin: crate::core::fast::caller_spin::CallerSpin,
-    /// Set while a worker spins for work (worker.rs `claim_spin`): one
+    /// Set while a worker spins for work ([`Inner::claim_spin`]): one
     /// spins at a time, so that idle workers do not take every core from
     /// the threads that submit (fast/README.md §3). A hint: no
     /// decision of the wake protocol rests on it.

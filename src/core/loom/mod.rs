@@ -19,7 +19,7 @@
 //! | `completion_vs_replaced_async_waker` | job/cell.rs inv. 3 with the async waker: a handle polled with one waker, then awaited with another (`will_wake` false, replaced under the slot lock) never misses the outcome |
 //! | `group_stop_vs_start` (`groups.rs`) | state/groups.rs G2 and G1: a group stop racing its queued member's start either cancels it (never runs) or leaves it running with its token set (or finds it finished); the group's and the pool's ledgers agree |
 //! | `nested_stop_vs_child_offload` (`groups.rs`) | G2 through nesting: an offload through a child while its parent stops is either refused or accepted and then cancelled, stopped or finished; nothing is lost |
-//! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; offload.rs `CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
+//! | `abandon_cancel_and_stop_vs_start` | ARCH 2 and 3; `AbandonPolicy::CancelAndStop`: a caller leaving while the job starts either cancels it (never runs) or requests stop on the running function, exactly one, and the departure is counted |
 //!
 //! The models of the intake and its ring (fast/intake.rs, fast/ring.rs) are in
 //! `core/fast/loom.rs`, those of shared limiters (limiter/mod.rs M1–M3) in

@@ -131,7 +131,7 @@ pub(super) struct Lane {
     /// would start now (L5).
     contrib: usize,
     /// Its running functions blocked waiting for one of its queued jobs
-    /// (waits.rs `enter_own_wait`).
+    /// ([`Inner::enter_own_wait`](crate::core::pool::Inner::enter_own_wait)).
     own_waiters: usize,
     /// How long its runs take (overload.rs).
     pace: Pace,

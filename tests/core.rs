@@ -684,7 +684,7 @@ async fn cancel_after_start_returns_false_and_the_function_keeps_running() {
     assert!(done.load(Ordering::SeqCst));
 }
 
-/// DESIGN invariant 3: "Cancel after start sets the stop token and nothing
+/// ARCHITECTURE invariant 3: "Cancel after start sets the stop token and nothing
 /// else; the permit stays held until the function returns." (stop.rs also
 /// says stop is requested "by JobHandle::cancel on a running job".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1056,7 +1056,7 @@ async fn awaited_offload_waits_for_room_or_times_out() {
 }
 
 // ---------------------------------------------------------------------------
-// Shutdown refusals (DESIGN inv. 6) and their metrics
+// Shutdown refusals (ARCHITECTURE inv. 6) and their metrics
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

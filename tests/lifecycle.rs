@@ -1,4 +1,4 @@
-//! Lifecycle contract (DESIGN invariants 4, 6, 7, 8): graceful, immediate and
+//! Lifecycle contract (ARCHITECTURE invariants 4, 6, 7, 8): graceful, immediate and
 //! staged shutdown, rejection of new work and of producers blocked on a full
 //! queue, idleness and termination as facts separate from "queue empty",
 //! running-job reports, the stuck-job warning, try-form backpressure, and
@@ -1492,7 +1492,7 @@ async fn dropping_the_last_clone_shuts_down_gracefully_without_blocking() {
     .await;
 }
 
-/// DESIGN inv. 7: after `idle()` every accepted job is terminal *and* its
+/// ARCHITECTURE inv. 7: after `idle()` every accepted job is terminal *and* its
 /// outcome can be taken: no handle is left waiting for a publish that
 /// trails the terminal transition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

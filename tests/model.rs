@@ -1,4 +1,4 @@
-//! Model-based property test of the contract (DESIGN.md).
+//! Model-based property test of the contract (docs/ARCHITECTURE.md).
 //!
 //! proptest generates a pool configuration and a sequence of operations:
 //! offload with and without a timeout or a name (spawned for an owner

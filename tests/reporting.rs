@@ -1,5 +1,5 @@
 //! What people read: error messages, states and reports say what happened to
-//! the job (DESIGN inv. 2), with its id, its state and its fate.
+//! the job (ARCHITECTURE inv. 2), with its id, its state and its fate.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! Randomized stress mix (DESIGN invariants 1, 3, 4, 6, 8): a few thousand
+//! Randomized stress mix (ARCHITECTURE invariants 1, 3, 4, 6, 8): a few thousand
 //! jobs under a seeded PRNG, submitted every way the API allows, abandoned,
 //! cancelled, stopped, detached and panicking, with a graceful or immediate
 //! shutdown at a random moment, while a sampler thread checks every metrics

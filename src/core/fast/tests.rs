@@ -202,7 +202,7 @@ fn a_job_at_the_intake_that_will_start_does_not_fill_the_queue() {
     assert_eq!(handle.blocking_wait(None).ok(), Some(2));
 }
 
-/// Intake.rs inv. 1: closing the intake (here, a shutdown) waits for a
+/// intake.rs inv. 1: closing the intake (here, a shutdown) waits for a
 /// place reserved at it to be filled, and takes its job into the queue,
 /// where the shutdown runs it; it does not return while the job is still
 /// on its way, to be pushed into an intake nobody empties.

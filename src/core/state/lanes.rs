@@ -1,5 +1,5 @@
 //! Keyed lanes: the queue is one FIFO list per lane, and the pool serves
-//! the lanes that have a startable job in turn (invariants L1–L4 of the
+//! the lanes that have a startable job in turn (invariants L1–L5 of the
 //! module docs).
 //!
 //! Jobs without a key share the default lane, which has no limit of its

@@ -13,15 +13,18 @@
 //!
 //! Parts of it are sub-states that own their fields, each in its own file:
 //! [`Workers`] (the threads), [`Bound`] (the queue bound's count and
-//! reservations) and [`Waiters`] (who waits for what). Their methods keep
-//! only their own fields' rules; whatever must change more than one of
-//! them is a method of [`State`]. `Workers` and `Bound` are open to the
-//! crate, so that callers outside reach them directly (`s.workers.park(..)`).
+//! reservations), [`Waiters`] (who waits for what), [`Groups`] (job
+//! groups), `Lanes` (the lanes, their turns and the limiters they wait
+//! for: lanes.rs) and `Events` (the observer's queue: events.rs). Their
+//! methods keep only their own fields' rules; whatever must change more
+//! than one of them is a method of [`State`]. `Workers`, `Bound` and
+//! `Groups` are open to the crate, so that callers outside reach them
+//! directly (`s.workers.park(..)`, `s.groups.metrics(..)`).
 //!
 //! # Invariants
 //!
 //! S1–S5 are how this module keeps invariants 1, 3, 4, 9 and 10 of
-//! `docs/ARCHITECTURE.md`; L1–L4 are how lanes (lanes.rs) keep invariant 1
+//! `docs/ARCHITECTURE.md`; L1–L5 are how lanes (lanes.rs) keep invariant 1
 //! for a key's limit and a limiter's permits, and serve lanes in turn.
 //!
 //! - **S1 (permits).** A job moves `Queued → Running` only in
@@ -31,9 +34,10 @@
 //!   every worker runs one function at a time and there are at most
 //!   `max_in_flight` workers. So `running <= max_in_flight` always.
 //! - **S2 (queue = Queued + tombstones).** A job leaves `Queued` (for
-//!   `Running`, `Cancelled` or `Unstarted`) only by `JobCore::transition`,
-//!   under the lock. Starting and draining unlink it in the same critical
-//!   section; a cancel leaves it linked as a *tombstone* (touching only the
+//!   `Running`, `Cancelled`, `Shed` or `Unstarted`) only by
+//!   `JobCore::transition`, under the lock. Starting and draining unlink it
+//!   in the same critical section; a cancel or a shed leaves it linked as a
+//!   *tombstone* (touching only the
 //!   job, not its queue neighbours: a cancel at any position costs the same)
 //!   and counts it. So the lanes' lists hold, each in submission order,
 //!   exactly the jobs whose state word reads `Queued` (`queued` of them)

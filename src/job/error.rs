@@ -155,10 +155,10 @@ pub enum Error {
         id: JobId,
         /// The panic message, if the payload was a string.
         message: String,
-        /// The panic's payload, until [`into_panic`](Self::into_panic)
-        /// takes it. The first wait that gets the error gets the payload;
-        /// a later wait on the same job gets `None` here.
-        payload: Mutex<Option<Box<dyn Any + Send>>>,
+        /// The panic's payload, for [`into_panic`](Self::into_panic). The
+        /// first wait that gets the error gets the payload; a later wait on
+        /// the same job gets the message in its place.
+        payload: PanicPayload,
     },
     /// A function of this pool blocked waiting for a job of the same pool
     /// that is still queued, while every other permit the job needs is held
@@ -246,6 +246,18 @@ impl fmt::Display for ByJob {
     }
 }
 
+/// A panic's payload inside [`Error::Panicked`], taken by
+/// [`Error::into_panic`]. Its `Debug` shows whether it is still there, not
+/// the lock that keeps the error `Sync`.
+pub struct PanicPayload(Mutex<Option<Box<dyn Any + Send>>>);
+
+impl fmt::Debug for PanicPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = self.0.try_lock().map(|p| p.is_some()).unwrap_or(true);
+        f.write_str(if held { "<payload>" } else { "<taken>" })
+    }
+}
+
 impl Error {
     /// `true` if the pool was too busy to run the job: it never ran.
     ///
@@ -313,6 +325,7 @@ impl Error {
             Error::Panicked {
                 message, payload, ..
             } => payload
+                .0
                 .into_inner()
                 .unwrap_or_else(PoisonError::into_inner)
                 .unwrap_or_else(|| Box::new(message)),
@@ -356,12 +369,13 @@ impl Error {
                 id: *id,
                 message: message.clone(),
                 // Moved, not dropped: no foreign code runs here.
-                payload: Mutex::new(
+                payload: PanicPayload(Mutex::new(
                     payload
+                        .0
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .take(),
-                ),
+                )),
             },
             Error::OutcomeTaken { id } => Error::OutcomeTaken { id: *id },
             Error::WouldDeadlock { id } => Error::WouldDeadlock { id: *id },
@@ -373,7 +387,7 @@ impl Error {
         Error::Panicked {
             id,
             message: crate::util::quiet::panic_message(payload.as_ref()),
-            payload: Mutex::new(Some(payload)),
+            payload: PanicPayload(Mutex::new(Some(payload))),
         }
     }
 
@@ -709,6 +723,23 @@ mod tests {
         let e = SubmitError::new(Error::ThreadSpawn(std::io::Error::other("no threads")), ());
         let source = std::error::Error::source(&e).map(ToString::to_string);
         assert_eq!(source.as_deref(), Some("no threads"));
+    }
+
+    /// A panicked job's error prints its id and message in `{:?}` (what
+    /// `unwrap` shows), and whether its payload is still there: not the
+    /// lock that keeps the error `Sync`.
+    #[test]
+    fn a_panic_s_debug_shows_the_message_and_the_payload_s_presence() {
+        let stored = Error::panicked(JobId(3), Box::new("boom"));
+        let shown = format!("{stored:?}");
+        assert!(
+            shown.contains("boom") && shown.contains("<payload>"),
+            "{shown}"
+        );
+        assert!(!shown.contains("Mutex"), "{shown}");
+        let first = stored.again();
+        assert!(format!("{stored:?}").contains("<taken>"));
+        assert!(format!("{first:?}").contains("<payload>"));
     }
 
     /// A panic's payload goes to the first wait; a later one gets its

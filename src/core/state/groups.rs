@@ -222,16 +222,13 @@ impl Groups {
         if self.recs.get(key).is_none_or(|g| g.stopped) {
             return None;
         }
-        let mut jobs = Vec::new();
         for k in self.subtree(key) {
-            let Some(g) = self.recs.get_mut(k) else {
-                continue;
-            };
-            g.stopped = true;
-            g.closed = true;
-            jobs.extend(g.members.iter(&g.member_list).copied());
+            if let Some(g) = self.recs.get_mut(k) {
+                g.stopped = true;
+                g.closed = true;
+            }
         }
-        Some(jobs)
+        Some(self.members(key))
     }
 
     /// The job-slab keys of the members (queued and running) of group `key`

@@ -43,6 +43,20 @@ pub(crate) fn pool(max_in_flight: usize) -> Offloader {
     }
 }
 
+/// Cancels `job` on another thread while this one awaits it: the outcome,
+/// and whether the cancel prevented the start.
+pub(crate) fn cancel_while_awaiting<T: Send + 'static>(
+    job: crate::api::handle::JobHandle<T>,
+) -> (Result<T, Error>, bool) {
+    let job = Arc::new(job);
+    let canceller = {
+        let job = job.clone();
+        thread::spawn(move || job.cancel())
+    };
+    let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
+    (outcome, canceller.join().unwrap())
+}
+
 #[test]
 fn start_vs_cancel() {
     loom::model(|| {
@@ -53,13 +67,7 @@ fn start_vs_cancel() {
             .offload(move |_| r.store(true, Ordering::SeqCst))
             .spawn()
             .expect("accepted");
-        let job = Arc::new(job);
-        let canceller = {
-            let job = job.clone();
-            thread::spawn(move || job.cancel())
-        };
-        let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
-        let cancelled = canceller.join().unwrap();
+        let (outcome, cancelled) = cancel_while_awaiting(job);
         let ran = ran.load(Ordering::SeqCst);
         match outcome {
             Ok(()) => assert!(ran && !cancelled, "ran={ran} cancelled={cancelled}"),

@@ -10,7 +10,7 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-use crate::core::loom::{pool, Branches};
+use crate::core::loom::{cancel_while_awaiting, pool, Branches};
 use crate::{Error, Limiter};
 
 #[test]
@@ -24,13 +24,7 @@ fn limited_start_vs_cancel() {
             .limiter(&limiter)
             .spawn()
             .expect("accepted");
-        let job = Arc::new(job);
-        let canceller = {
-            let job = job.clone();
-            thread::spawn(move || job.cancel())
-        };
-        let outcome = loom::future::block_on(std::future::poll_fn(|cx| job.poll_outcome(cx)));
-        let cancelled = canceller.join().unwrap();
+        let (outcome, cancelled) = cancel_while_awaiting(job);
         match outcome {
             Err(Error::Cancelled { id: Some(_) }) => {
                 assert!(cancelled);

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use offloader::{JobHandle, Limiter, Offloader};
 use proptest::prelude::*;
+use support::model::{self, Steps};
 use support::{Ledger, HANG};
 
 const KEYS: [Option<&str>; 3] = [None, Some("a"), Some("b")];
@@ -103,7 +104,7 @@ struct Harness {
     started_tx: std::sync::mpsc::Sender<usize>,
     started: std::sync::mpsc::Receiver<usize>,
     jobs: Vec<ModelJob>,
-    log: Vec<String>,
+    log: Steps,
 }
 
 impl Harness {
@@ -127,20 +128,16 @@ impl Harness {
             started_tx,
             started,
             jobs: Vec::new(),
-            log: Vec::new(),
+            log: Steps::default(),
         }
     }
 
     fn fail(&self, what: String) -> ! {
-        panic!(
-            "{what}\n  {:?}\n  steps:\n    {}\n  jobs: {:?}",
-            self.cfg,
-            self.log.join("\n    "),
-            self.jobs
-                .iter()
-                .enumerate()
-                .map(|(i, j)| format!("{i}:{:?}/{:?}/{}", j.st, j.key, j.lims))
-                .collect::<Vec<_>>()
+        self.log.fail(
+            &what,
+            &self.cfg,
+            &format!("{:?}", self.jobs),
+            &format!("{:?}", self.pool.metrics()),
         )
     }
 
@@ -374,7 +371,7 @@ impl Harness {
             .filter(|&t| self.jobs[t].st == St::Running)
             .collect();
         if running.is_empty() {
-            self.log.push("finish: none running".into());
+            self.log.push("finish: none running");
             return;
         }
         let tag = running[i % running.len()];
@@ -397,7 +394,7 @@ impl Harness {
             .filter(|&t| self.jobs[t].st == St::Queued)
             .collect();
         if queued.is_empty() {
-            self.log.push("cancel: none queued".into());
+            self.log.push("cancel: none queued");
             return;
         }
         let tag = queued[i % queued.len()];
@@ -437,7 +434,7 @@ impl Harness {
             self.settle();
         }
         // Drain: let everything run.
-        self.log.push("drain".into());
+        self.log.push("drain");
         while self.jobs.iter().any(|j| j.st == St::Running) {
             self.finish(0);
             self.settle();
@@ -478,20 +475,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(128),
-        failure_persistence: None,
-        max_shrink_iters: 200,
-        ..ProptestConfig::default()
-    }
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(model::config(128))]
 
     #[test]
     fn keys_and_limiters_match_the_model(cfg in cfg(), ops in prop::collection::vec(op(), 1..40)) {

@@ -87,6 +87,7 @@ use offloader::{
     WeakOffloader,
 };
 use proptest::prelude::*;
+use support::model::{self, ensure, Steps};
 // Not a glob: this file's SHORT (1 ms) is its own.
 use support::{
     builder, gate, poll_once, quiet_deliberate_panics, threads_named, try_within, Gate, Hold,
@@ -1587,20 +1588,11 @@ struct Harness {
     settled: Settled,
     /// Inside a batch: no note per job.
     batching: bool,
-    log: Vec<String>,
+    log: Steps,
     /// How long the real system may take to reach the model's state.
     settle_within: Duration,
     /// Job groups 0 and 1 (a child of 0); let go of with the last clone.
     groups: Option<[JobGroup; 2]>,
-}
-
-/// Fails the case with the steps so far and the model's state.
-macro_rules! ensure {
-    ($h:expr, $cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            $h.fail(format!($($msg)+));
-        }
-    };
 }
 
 impl Harness {
@@ -1644,7 +1636,7 @@ impl Harness {
             blocked: None,
             settled: Settled::default(),
             batching: false,
-            log: Vec::new(),
+            log: Steps::default(),
             settle_within: SETTLE,
             groups,
         }
@@ -1664,12 +1656,7 @@ impl Harness {
                 self.probe.now.load(Ordering::SeqCst)
             ),
         };
-        panic!(
-            "{msg}\n  {:?}\n  steps:\n    {}\n  model: {}  real: {real}",
-            self.cfg,
-            self.log.join("\n    "),
-            self.model.summary(),
-        );
+        self.log.fail(&msg, &self.cfg, &self.model.summary(), &real)
     }
 
     /// The pool; only called where the last clone has not been dropped.
@@ -1691,9 +1678,7 @@ impl Harness {
     }
 
     fn note(&mut self, s: String) {
-        if let Some(last) = self.log.last_mut() {
-            last.push_str(&s);
-        }
+        self.log.note(&s);
     }
 
     /// Awaits `fut`, failing the case (with its steps) after [`HANG`].
@@ -3809,37 +3794,26 @@ fn run_case_within(cfg: Cfg, model_cfg: Cfg, ops: &[Op], settle_within: Duration
         }
         h.finish().await;
         if std::env::var_os("MODEL_VERBOSE").is_some() {
-            eprintln!("case passed: {cfg:?}\n    {}", h.log.join("\n    "));
+            eprintln!("case passed: {cfg:?}\n    {}", h.log.lines());
         }
         h.model.clone()
     })
 }
 
-fn env_cases(var: &str) -> Option<u32> {
-    std::env::var(var).ok().and_then(|v| v.parse().ok())
-}
-
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        // `PROPTEST_CASES=2000` for a long run.
-        cases: env_cases("PROPTEST_CASES").unwrap_or(256),
-        // The counterexample is printed; no regression file in the tree.
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 /// Long-queue cases cost several short ones: a quarter as many as
 /// `PROPTEST_CASES` (at least 64), or `MODEL_LONG_CASES`.
 fn long_config() -> ProptestConfig {
-    let cases = env_cases("MODEL_LONG_CASES")
-        .or_else(|| env_cases("PROPTEST_CASES").map(|n| (n / 4).max(64)))
+    let cases = model::env_cases("MODEL_LONG_CASES")
+        .or_else(|| model::env_cases("PROPTEST_CASES").map(|n| (n / 4).max(64)))
         .unwrap_or(64);
-    ProptestConfig { cases, ..config() }
+    ProptestConfig {
+        cases,
+        ..model::config(256)
+    }
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(model::config(256))]
 
     /// The real offloader behaves as the sequential model of the contract,
     /// step by step.

@@ -20,6 +20,7 @@ use offloader::{
 };
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+pub(crate) mod model;
 pub(crate) mod next_job;
 pub(crate) mod worker_subscriber;
 

@@ -122,7 +122,7 @@ impl Offloader {
                 progress: WaitList::default(),
                 room_freed: tokio::sync::Notify::new(),
                 caller_spin: crate::core::fast::caller_spin::CallerSpin::new(fast_layer),
-                spinner: Padded(std::sync::atomic::AtomicBool::new(false)),
+                worker_spin: crate::core::fast::worker_spin::WorkerSpin::new(fast_layer),
                 doorbell,
                 clock_holds: std::sync::Arc::new(crate::util::clock::ClockHolds::new({
                     let me = me.clone();
@@ -256,11 +256,8 @@ pub(crate) struct Inner {
     me: std::sync::Weak<Inner>,
     /// May an awaiting caller spin, and how long (fast/caller_spin.rs)?
     pub(crate) caller_spin: crate::core::fast::caller_spin::CallerSpin,
-    /// Set while a worker spins for work ([`Inner::claim_spin`]): one
-    /// spins at a time, so that idle workers do not take every core from
-    /// the threads that submit (fast/README.md §3). A hint: no
-    /// decision of the wake protocol rests on it.
-    pub(crate) spinner: Padded<std::sync::atomic::AtomicBool>,
+    /// Which worker spins for work (fast/worker_spin.rs).
+    pub(crate) worker_spin: crate::core::fast::worker_spin::WorkerSpin,
     /// Holds tokio's paused test clock while callers wait on this pool's
     /// work (clock.rs).
     pub(crate) clock_holds: std::sync::Arc<crate::util::clock::ClockHolds>,

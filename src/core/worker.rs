@@ -12,7 +12,6 @@
 //! after a graceful shutdown too: queued jobs drain at the full
 //! `max_in_flight` width.
 
-use std::sync::atomic::Ordering as StdOrdering;
 use std::time::{Duration, Instant};
 
 use crate::core::fast::chain;
@@ -29,9 +28,6 @@ use crate::util::sync::{park_timeout, thread, Arc};
 /// worker, `State::must_keep_worker`) parks at least before it looks again:
 /// whatever lets it go, or gives its job a permit, claims it sooner.
 const KEPT_PARK: Duration = Duration::from_secs(1);
-
-/// How long a worker spins (then yields) before it parks.
-const SPIN_BUDGET: Duration = Duration::from_micros(50);
 
 impl Inner {
     /// This pool's address: what its threads' marks name it by.
@@ -116,25 +112,10 @@ impl Inner {
                 let traced = log_lines || !span.is_disabled();
                 let user_code = traced || did_panic || result_drops;
                 // With the fast layer on, the next job starts in this same
-                // critical section if `chain::may_chain` allows it: only if
+                // critical section if `chain::may_chain_after` allows it: only if
                 // nothing foreign runs on this thread before its function.
-                if self.config.fast {
-                    // ORDERING: fence pair F4 of src/core/fast/README.md, with a
-                    // caller registering its waker (job/cell.rs `poll_outcome`):
-                    // the job is terminal now; either the hint shows that
-                    // caller's waker, or the caller sees the terminal state
-                    // and takes its waker back.
-                    crate::util::sync::fence(crate::util::sync::Ordering::SeqCst);
-                    let done = chain::Finished {
-                        user_code,
-                        foreign_after: after.runs_foreign_code(),
-                        in_group: core.membership().is_some(),
-                        waker_hint: core.waker_hint(),
-                        caller_waiting: core.caller_waiting(),
-                    };
-                    if chain::may_chain(done) {
-                        following = s.start(now, &mut after);
-                    }
+                if self.config.fast && chain::may_chain_after(core, user_code, &after) {
+                    following = s.start(now, &mut after);
                 }
                 if following.is_none() && !user_code {
                     // From here until it parks this worker will look at the
@@ -230,13 +211,8 @@ impl Inner {
                 self.retire(s, slot, after);
                 return None;
             }
-            // ORDERING: a hint (one spinner at a time); `claim_spin` decides.
-            let other_spins = self.spinner.load(StdOrdering::Relaxed);
-            let spin = self.config.fast
-                && crate::util::sync::SPIN
-                && !spun
-                && (searching || s.workers.searching() == 0)
-                && !other_spins;
+            let spin =
+                !spun && (searching || s.workers.searching() == 0) && self.worker_spin.may_spin();
             // The work left for after the lock (wakers among it) runs
             // before this worker parks, never while it is counted as
             // parked: a waker that offloads a job and waits for it would
@@ -254,9 +230,8 @@ impl Inner {
                 searching = crate::util::sync::take_searching_mark(self.addr(), searching);
                 // Claimed after the foreign code `after` may run, so that
                 // the flag is never held across it.
-                if spin && self.claim_spin() {
-                    self.spin();
-                    self.spinner.store(false, StdOrdering::Release);
+                if spin {
+                    self.worker_spin.spin(|| self.job_waits());
                 }
                 spun |= spin;
                 s = self.lock();
@@ -340,31 +315,6 @@ impl Inner {
         let mut after = After::default();
         self.lock().joined(n, own, &mut after);
         self.after(after);
-    }
-
-    /// Whether this worker may spin: one worker spins at a time. The
-    /// spinner clears the flag when its spin ends (`spin` runs no foreign
-    /// code and cannot panic).
-    fn claim_spin(&self) -> bool {
-        self.spinner
-            .compare_exchange(false, true, StdOrdering::Acquire, StdOrdering::Relaxed)
-            .is_ok()
-    }
-
-    /// Spins until a job waits for a worker, or the spin budget is spent.
-    fn spin(&self) {
-        let began = Instant::now();
-        let mut round = 0u32;
-        while !self.job_waits() {
-            round += 1;
-            if round < 64 {
-                std::hint::spin_loop();
-            } else if began.elapsed() >= SPIN_BUDGET {
-                return;
-            } else {
-                std::thread::yield_now();
-            }
-        }
     }
 
     /// Whether a job waits for a worker, as far as a spinner can tell

@@ -1,10 +1,14 @@
 //! Next-job chaining (`README.md` §2 beside this file): whether a worker
 //! that finished a job may start the next one in the same critical section.
 //!
-//! The decision alone, over plain values the worker gathers under the pool
-//! lock: the worker ([`Inner::work_loop`](crate::core::pool::Inner::work_loop))
-//! asks it only with the fast layer on, and starts the next job
-//! ([`State::start`](crate::core::state::State::start)) when it says yes.
+//! The decision, over what the worker knows under the pool lock of the job
+//! it just finished: the worker ([`Inner::work_loop`](crate::core::pool::Inner::work_loop))
+//! asks [`may_chain_after`] only with the fast layer on, and starts the next
+//! job ([`State::start`](crate::core::state::State::start)) when it says yes.
+
+use crate::core::state::After;
+use crate::job::record::JobCore;
+use crate::util::sync::{fence, Ordering};
 
 /// What the worker knows of the job it just finished, under the pool lock,
 /// after [`State::finish`](crate::core::state::State::finish): the seven terms
@@ -53,4 +57,67 @@ pub(crate) fn may_chain(done: Finished) -> bool {
         caller_waiting,
     } = done;
     !user_code && !foreign_after && !in_group && !waker_hint && caller_waiting
+}
+
+/// Fence F4, then [`may_chain`] over `core`, the job the worker just
+/// finished in this critical section (its outcome not yet published):
+/// `user_code` is terms 1–3, `after` the work the transition left for
+/// after the lock.
+pub(crate) fn may_chain_after(core: &JobCore, user_code: bool, after: &After) -> bool {
+    // ORDERING: fence pair F4 of `README.md`, with a caller registering
+    // its waker (job/cell.rs `poll_outcome`): the job is terminal now;
+    // either the hint shows that caller's waker, or the caller sees the
+    // terminal state and takes its waker back.
+    fence(Ordering::SeqCst);
+    may_chain(Finished {
+        user_code,
+        foreign_after: after.runs_foreign_code(),
+        in_group: core.membership().is_some(),
+        waker_hint: core.waker_hint(),
+        caller_waiting: core.caller_waiting(),
+    })
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Chaining is allowed only when no term holds: each term alone
+    /// forbids it.
+    #[test]
+    fn each_term_alone_forbids_chaining() {
+        let clear = Finished {
+            user_code: false,
+            foreign_after: false,
+            in_group: false,
+            waker_hint: false,
+            caller_waiting: true,
+        };
+        assert!(may_chain(clear));
+        let each = [
+            Finished {
+                user_code: true,
+                ..clear
+            },
+            Finished {
+                foreign_after: true,
+                ..clear
+            },
+            Finished {
+                in_group: true,
+                ..clear
+            },
+            Finished {
+                waker_hint: true,
+                ..clear
+            },
+            Finished {
+                caller_waiting: false,
+                ..clear
+            },
+        ];
+        for done in each {
+            assert!(!may_chain(done), "{done:?}");
+        }
+    }
 }

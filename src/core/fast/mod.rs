@@ -10,18 +10,20 @@
 //! - [`chain`]: whether a worker that finished a job starts the next one in
 //!   the same critical section (next-job chaining).
 //! - [`caller_spin`]: how long an awaiting caller spins for its outcome.
+//! - [`worker_spin`]: which worker spins for work before it parks, and how
+//!   long.
 //!
 //! Outside this folder, but part of the layer: the intake's locked side
-//! (`state/intake.rs`), the worker's side of chaining (fence F4, then
-//! [`chain::may_chain`]) and the worker's spin (`worker.rs`), and the
-//! waker hint (`job/cell.rs`); the README says how each piece works with the
-//! others.
+//! (`state/intake.rs`), the two places where `worker.rs` asks this folder
+//! (whether to chain, whether to spin), and the waker hint
+//! (`job/cell.rs`); the README says how each piece works with the others.
 
 pub(crate) mod caller_spin;
 pub(crate) mod chain;
 pub(crate) mod intake;
 mod ring;
 pub(crate) mod submit;
+pub(crate) mod worker_spin;
 
 #[cfg(all(test, loom))]
 mod loom;

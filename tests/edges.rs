@@ -2,8 +2,10 @@
 //! backpressure, huge durations, bad names, panicking wakers, termination
 //! that joins, stop on a finished job, repeatable errors, a submit that
 //! keeps its timeout while waiting for room, the weak handle, the global
-//! pool ignoring shutdown. Every concurrent event is ordered by a gate or a
-//! signal; every wait is bounded.
+//! pool ignoring shutdown, a function's wait for a queued job of its own
+//! pool refused when it would deadlock (and counted only while it lasts).
+//! Every concurrent event is ordered by a gate or a signal; every wait is
+//! bounded.
 
 mod support;
 
@@ -16,7 +18,9 @@ use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
 use offloader::{Error, Fate, JobState, Offloader};
-use support::{assert_ledger, gate, occupy, recv, signal, within, AwaitTermination, HANG};
+use support::{
+    assert_ledger, gate, gated, occupy, pool, recv, signal, within, AwaitTermination, HANG,
+};
 
 /// A rendezvous: `arrive(n)` blocks until `n` callers are inside at once
 /// (true) or [`HANG`] passes (false).
@@ -561,6 +565,51 @@ async fn waiting_for_a_queued_job_of_the_own_pool_cannot_deadlock() {
     assert!(refused.contains("would never return"), "{refused}");
     assert_eq!(*served, value);
     within("idle", pool.idle()).await;
+}
+
+/// A function's blocking wait for a queued job of its own pool counts only
+/// while it lasts: two rounds of two such waits on a two-permit pool each
+/// see exactly one refused (`WouldDeadlock`: it would hold the last
+/// permit) and one served, so a wait that ended no longer counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_wait_for_an_own_queued_job_no_longer_counts() {
+    let pool = pool(2, 8);
+    for round in 0..2 {
+        let (both, hold) = gate();
+        let (tx, mut started) = signal();
+        let waiters: Vec<_> = (0..2)
+            .map(|i| {
+                let p = pool.clone();
+                // Both permits held once the gate opens: the inner job queues.
+                pool.offload(gated(&hold, &tx, (), move |_| {
+                    let mut inner = p.offload(move |_| i).spawn().unwrap();
+                    inner.blocking_wait(None).map_err(|e| e.to_string())
+                }))
+                .spawn()
+                .unwrap()
+            })
+            .collect();
+        for _ in 0..2 {
+            recv("both waiters hold a permit", &mut started).await;
+        }
+        both.open();
+        let mut served = 0;
+        let mut refused = Vec::new();
+        for h in waiters {
+            match within("a waiter", h).await.unwrap() {
+                Ok(_) => served += 1,
+                Err(text) => refused.push(text),
+            }
+        }
+        assert_eq!(served, 1, "round {round}: refused {refused:?}");
+        assert!(
+            refused.len() == 1 && refused[0].contains("would never return"),
+            "round {round}: {refused:?}"
+        );
+        within("idle", pool.idle()).await;
+    }
+    let m = pool.metrics();
+    assert_eq!(m.completed, 8, "{m:?}");
 }
 
 /// Item 16: `blocking_wait` on a current-thread runtime's thread panics

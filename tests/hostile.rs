@@ -1,6 +1,8 @@
 //! Regressions from a hostile review of the core (issues 9 and 10): each
 //! test reproduces a finding that once hung, panicked or lied, and now
-//! holds. Every wait is bounded; events are ordered by gates and signals.
+//! holds. With them, the same guarantees for a room waiter's waker: foreign
+//! code the worker runs after a job returns, before the next job is marked
+//! started. Every wait is bounded; events are ordered by gates and signals.
 
 mod support;
 
@@ -13,10 +15,10 @@ use std::task::{Context, Wake, Waker};
 use std::time::Instant;
 
 use offloader::{Error, JobHandle, JobState, Offloader};
-use support::next_job::NextJob;
+use support::next_job::{NextJob, OnWake};
 use support::{
-    gate, occupy, pool, quiet_deliberate_panics, recv, signal, within, within_blocking, IsIdle,
-    HANG,
+    assert_ledger, gate, occupy, pool, quiet_deliberate_panics, recv, signal, within,
+    within_blocking, IsIdle, HANG,
 };
 
 /// A waker whose last reference, when dropped, calls `on_drop`.
@@ -247,6 +249,51 @@ async fn the_next_job_stays_queued_while_the_previous_result_drops() {
     );
     let m = pool.metrics();
     assert_eq!((m.completed, m.cancelled), (1, 1), "{m:?}");
+}
+
+/// The same for a caller waiting for room: its waker is foreign code that
+/// the worker runs after a job returns, and while it runs the next queued
+/// job is not yet marked started. It stays `Queued` and cancellable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_stays_queued_while_a_room_waiter_is_woken() {
+    let pool = pool(1, 1);
+    // Its handle is kept but never polled: no waker of its own to run.
+    let occupied = occupy(&pool, 1).await;
+    let next = pool.offload(|_| "next").spawn().expect("one may wait");
+    // A caller waiting for room, registered by hand with a waker that says
+    // it was woken, then holds the thread that woke it on a gate.
+    let (woken_tx, mut woken) = signal();
+    let (waker_gate, waker_hold) = gate();
+    let blocks = Waker::from(Arc::new(OnWake(Box::new(move || {
+        let _ = woken_tx.send(());
+        waker_hold.wait();
+    }))));
+    let mut waiting = Box::pin(pool.offload(|_| "waiter").submit());
+    assert!(waiting
+        .as_mut()
+        .poll(&mut Context::from_waker(&blocks))
+        .is_pending());
+
+    occupied.gate.open();
+    recv("the room waiter woken by the worker", &mut woken).await;
+    // The worker is inside that waker now.
+    assert_eq!(next.state(), JobState::Queued);
+    assert!(next.cancel(), "its function has not started: cancel wins");
+    waker_gate.open();
+
+    let admitted = within("the room waiter", waiting)
+        .await
+        .expect("room freed");
+    assert_eq!(
+        within("the waiter's job", admitted).await.unwrap(),
+        "waiter"
+    );
+    for h in occupied.handles {
+        within("the blocker", h).await.unwrap();
+    }
+    let m = pool.metrics();
+    assert_eq!((m.completed, m.cancelled), (2, 1), "{m:?}");
+    assert_ledger(&m);
 }
 
 thread_local! {
@@ -788,7 +835,7 @@ fn offloads_and_waits_when_woken(
 ) -> Waker {
     let sent = Mutex::new(Some(sent));
     let pool = pool.clone();
-    Waker::from(Arc::new(support::next_job::OnWake(Box::new(move || {
+    Waker::from(Arc::new(OnWake(Box::new(move || {
         if let Some(sent) = sent.lock().expect("not poisoned").take() {
             let _ = sent.send(offload_five_and_wait(&pool));
         }

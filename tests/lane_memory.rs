@@ -1,7 +1,9 @@
 //! Memory follows the keys in use (issue 12, L3): after a burst of a
 //! hundred thousand keys has run, the pool gives back what its lanes took,
 //! measured by a counting allocator (found by a hostile review: the lane
-//! slab and the key index stayed at their peak).
+//! slab and the key index stayed at their peak). Cancelled jobs left in a
+//! lane as tombstones are let go of too, measured as the process's
+//! resident size. One test measures at a time.
 
 mod support;
 
@@ -110,4 +112,51 @@ async fn keys_that_come_and_go_keep_only_a_few_idle_lanes() {
     assert!(grew < 64 * 1024, "{grew} bytes kept for {KEYS} keys gone");
     gate.open();
     within("the held job", held).await.unwrap();
+}
+
+/// Cancelled jobs left in the queue as tombstones are let go of once they
+/// outnumber the queued jobs, even while the queue's head cannot start: a
+/// producer that keeps cancelling behind a held permit and a waiting job
+/// keeps bounded memory, measured as the process's resident size.
+#[test]
+fn tombstones_are_let_go_of_behind_a_held_permit() {
+    // Rounds of two cancels.
+    const ROUNDS: usize = 200_000;
+    // RSS may grow this much over those rounds; the tombstones of every
+    // round, kept, would take several times more.
+    const SLACK_KIB: u64 = 16 * 1024;
+    let _alone = ONE_AT_A_TIME.blocking_lock();
+    let pool = pool(1, 4);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut blocker = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .spawn()
+        .unwrap();
+    recv_blocking("the blocker started", &mut started);
+    // Never starts while the blocker runs: at least one queued job.
+    let mut head = pool.offload(|_| "head").spawn().unwrap();
+    let round = || {
+        let a = pool.offload(|_| "a").name("tombstone").spawn().unwrap();
+        let b = pool.offload(|_| "b").name("tombstone").spawn().unwrap();
+        assert!(a.cancel() && b.cancel());
+    };
+    // Warm-up: the job slab's and the allocator's high-water marks.
+    (0..1_000).for_each(|_| round());
+    let rss_start = status_kib("VmRSS:");
+    (0..ROUNDS).for_each(|_| round());
+    let rss_end = status_kib("VmRSS:");
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running), (1, 1), "{m:?}");
+    assert_eq!(m.cancelled, 2 * (1_000 + ROUNDS) as u64, "{m:?}");
+    assert!(
+        rss_end <= rss_start + SLACK_KIB,
+        "RSS grew from {rss_start} KiB to {rss_end} KiB over {ROUNDS} rounds"
+    );
+    gate.open();
+    blocker.blocking_wait(None).unwrap();
+    assert_eq!(head.blocking_wait(None).unwrap(), "head");
 }

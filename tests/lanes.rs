@@ -1,9 +1,11 @@
 //! Keyed lanes (issue 12): `Offload::key` with `Builder::max_per_key` and
 //! `key_limit`. A key's limit holds for its functions' real run; a job
-//! waiting for its lane holds back no other key's job; the pool serves keys
-//! in turn (the starvation bound); jobs of one key start in submission
-//! order; cancel, timeouts and shutdown treat keyed jobs as any other.
-//! Ordered by gates and signals, never by sleeps.
+//! waiting for its lane holds back no other key's job, wakes no worker and
+//! counts against the queue bound; the pool serves keys in turn (the
+//! starvation bound); jobs of one key start in submission order; cancel,
+//! timeouts and shutdown treat keyed jobs as any other, and a cancelled
+//! job's tombstone does not keep its lane; `key_stats` lists the busiest
+//! keys first. Ordered by gates and signals, never by sleeps.
 
 mod support;
 
@@ -100,6 +102,47 @@ async fn key_limit_overrides_max_per_key() {
     for h in handles {
         within("every job", h).await.unwrap();
     }
+}
+
+/// A job that must wait for its lane (its key is exactly at its limit: no
+/// room) wakes no worker: the worker running its key's job comes back to
+/// the queue, and a worker that took the last job that could start wakes
+/// no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_for_its_lane_wakes_no_worker() {
+    let pool = builder(4, 16).max_per_key(1).build().unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let a0 = job(&pool, Some("a"), "a0".into(), &hold, &tx);
+    assert_eq!(recv("a0", &mut started).await, "a0");
+    assert_eq!(pool.metrics().workers, 1, "a0's worker took the only job");
+    let a1 = job(&pool, Some("a"), "a1".into(), &hold, &tx);
+    let a2 = job(&pool, Some("a"), "a2".into(), &hold, &tx);
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued), (1, 2), "{m:?}");
+    assert_eq!(m.workers, 1, "no worker for jobs held back by their key");
+    gate.open();
+    for h in [a0, a1, a2] {
+        within("every job", h).await.unwrap();
+    }
+    assert_eq!(pool.metrics().completed, 3);
+}
+
+/// A job of a key below its limit gets a worker of its own and starts
+/// beside its key's running job, instead of waiting for the busy worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_of_a_key_below_its_limit_starts_beside_the_running_one() {
+    let pool = builder(4, 16).key_limit("k", 2).build().unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let k0 = job(&pool, Some("k"), "k0".into(), &hold, &tx);
+    assert_eq!(recv("k0", &mut started).await, "k0");
+    let k1 = job(&pool, Some("k"), "k1".into(), &hold, &tx);
+    assert_eq!(recv("k1, while k0 runs", &mut started).await, "k1");
+    assert_eq!(pool.metrics().running, 2);
+    gate.open();
+    within("k0", k0).await.unwrap();
+    within("k1", k1).await.unwrap();
 }
 
 /// The starvation bound: with one permit, a key that queued a thousand
@@ -316,6 +359,24 @@ async fn a_tombstone_behind_the_last_job_does_not_keep_its_lane() {
     assert!(pool.key_stats(5).is_empty(), "{:?}", pool.key_stats(5));
 }
 
+/// A lane whose only queued job is cancelled is dropped at once: its
+/// tombstone, which outnumbers the lane's queued jobs (none left), is
+/// unlinked then instead of keeping the lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_whose_only_job_is_cancelled_is_dropped_at_once() {
+    let pool = pool(1, 16);
+    let occupied = occupy(&pool, 1).await;
+    let queued = pool.offload(|_| ()).key("k").spawn().unwrap();
+    assert_eq!(pool.key_stats(5).len(), 1);
+    assert!(queued.cancel());
+    assert!(pool.key_stats(5).is_empty(), "{:?}", pool.key_stats(5));
+    occupied.release().await;
+    assert!(within("the cancelled job", queued)
+        .await
+        .unwrap_err()
+        .is_cancelled());
+}
+
 /// A key held back by its limit fills the queue bound with its own jobs
 /// only: its waiting jobs count as waiting (none of them can start), and a
 /// job of another key or none, which a free permit starts at once, is
@@ -350,6 +411,47 @@ async fn a_key_at_its_limit_fills_the_bound_with_its_own_jobs_only() {
     // Every permit is taken now: the bound holds for everyone.
     let refused = pool.offload(|_| ()).key("d").spawn().unwrap_err();
     assert!(matches!(refused.reason(), Error::Full { .. }), "{refused}");
+    assert_ledger(&pool.metrics());
+    gate.open();
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+}
+
+/// With the queue bound reached and permits free, a job of a key exactly
+/// at its limit is refused (it would wait for its lane: it counts as
+/// waiting), while a job of a key below its limit is admitted (it starts
+/// at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_beyond_the_bound_asks_whether_the_key_has_room() {
+    use offloader::Error;
+    let pool = builder(4, 1)
+        .max_per_key(1)
+        .key_limit("wide", 2)
+        .build()
+        .unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let mut handles = vec![job(&pool, Some("a"), "a0".into(), &hold, &tx)];
+    assert_eq!(recv("a0", &mut started).await, "a0");
+    handles.push(job(&pool, Some("wide"), "w0".into(), &hold, &tx));
+    assert_eq!(recv("w0", &mut started).await, "w0");
+    // One job waits for its key: the bound of one is reached, two permits
+    // are free.
+    handles.push(job(&pool, Some("b"), "b0".into(), &hold, &tx));
+    assert_eq!(recv("b0", &mut started).await, "b0");
+    handles.push(job(&pool, Some("b"), "b1".into(), &hold, &tx));
+    let m = pool.metrics();
+    assert_eq!((m.running, m.queued), (3, 1), "{m:?}");
+    // Key "a": one running, its limit one: the job would wait.
+    let refused = pool.offload(|_| ()).key("a").spawn().unwrap_err();
+    assert!(
+        matches!(refused.reason(), Error::Full { capacity: 1 }),
+        "{refused}"
+    );
+    // Key "wide": one running, its limit two: the job starts at once.
+    handles.push(job(&pool, Some("wide"), "w1".into(), &hold, &tx));
+    assert_eq!(recv("w1", &mut started).await, "w1");
     assert_ledger(&pool.metrics());
     gate.open();
     for h in handles {
@@ -764,4 +866,58 @@ async fn a_lane_emptied_and_kept_serves_its_key_again_with_its_limit() {
             );
         }
     }
+}
+
+/// `key_stats` lists the busiest keys first (queued plus running jobs),
+/// ties broken by running jobs, and keeps the first `n`. The keys' lanes
+/// are made in another order, and ranking by queued jobs alone, or by
+/// queued minus or times running, would give another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_stats_lists_the_busiest_keys_first() {
+    let pool = builder(8, 64)
+        .max_per_key(1)
+        .key_limit("duo", 2)
+        .key_limit("pair", 2)
+        .key_limit("trio", 3)
+        .build()
+        .unwrap();
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let spawn = |key: &str, n: usize| {
+        (0..n)
+            .map(|_| job(&pool, Some(key), key.to_owned(), &hold, &tx))
+            .collect::<Vec<_>>()
+    };
+    // Each key runs up to its limit: 2 + 2 + 3 + 1 = 8 permits.
+    let mut handles = spawn("duo", 2);
+    handles.extend(spawn("pair", 2));
+    handles.extend(spawn("trio", 3));
+    handles.extend(spawn("flood", 1));
+    for _ in 0..8 {
+        recv("every key at its limit", &mut started).await;
+    }
+    handles.extend(spawn("flood", 6));
+    handles.extend(spawn("pair", 4));
+    handles.extend(spawn("trio", 3));
+    let got: Vec<(LaneKey, u64, u64, usize)> = pool
+        .key_stats(10)
+        .into_iter()
+        .map(|s| (s.key, s.running, s.queued, s.limit))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (LaneKey::from("flood"), 1, 6, 1),
+            (LaneKey::from("trio"), 3, 3, 3),
+            (LaneKey::from("pair"), 2, 4, 2),
+            (LaneKey::from("duo"), 2, 0, 2),
+        ]
+    );
+    let top: Vec<LaneKey> = pool.key_stats(2).into_iter().map(|s| s.key).collect();
+    assert_eq!(top, [LaneKey::from("flood"), LaneKey::from("trio")]);
+    gate.open();
+    for h in handles {
+        within("every job", h).await.unwrap();
+    }
+    assert!(pool.key_stats(10).is_empty());
 }

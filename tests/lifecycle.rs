@@ -1,8 +1,11 @@
 //! Lifecycle contract (ARCHITECTURE invariants 4, 6, 7, 8): graceful, immediate and
-//! staged shutdown, rejection of new work and of producers blocked on a full
-//! queue, idleness and termination as facts separate from "queue empty",
-//! running-job reports, the stuck-job warning, try-form backpressure, and
-//! dropping the last `Offloader` clone.
+//! staged shutdown (an immediate one drains the queue a chunk at a time,
+//! starting nothing meanwhile), rejection of new work and of producers
+//! blocked on a full queue, idleness and termination as facts separate from
+//! "queue empty" (the observer's and the monitor's threads live until the
+//! shutdown, not until the workers retire), running-job reports, the
+//! stuck-job warning, try-form backpressure, and dropping the last
+//! `Offloader` clone.
 //!
 //! Ordering is always by gates and "started" messages: a function that must
 //! still be running is held on a [`Gate`] the test opens only after it has
@@ -18,7 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use offloader::{Error, JobState, Offloader, StopToken, Stopped};
+use offloader::{
+    Error, EventKind, JobEvent, JobId, JobState, Observer, Offloader, StopToken, Stopped,
+};
 use support::*;
 
 fn is_shutting_down(err: &Error) -> bool {
@@ -556,6 +561,44 @@ async fn terminated_waits_for_worker_threads_not_only_for_jobs() {
     assert_eq!(pool.metrics().workers, 0);
 }
 
+/// The observer's delivery thread and the stuck-job monitor live until the
+/// pool is shut down: an open pool whose workers all retired (keep-alive)
+/// keeps them, and they are gone once it terminated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helper_threads_outlive_retired_workers_while_the_pool_is_open() {
+    let pool = builder(1, 4)
+        .thread_name("kept")
+        .observer(Arc::new(Log::default()))
+        .stuck_after(HANG)
+        .keep_alive(Duration::from_millis(1))
+        .build()
+        .expect("valid configuration");
+    let occupied = occupy(&pool, 1).await;
+    eventually("both helper threads named", || {
+        threads_named("kept-observer") == 1 && threads_named("kept-monitor") == 1
+    })
+    .await;
+    occupied.release().await;
+    eventually("the worker retired after its keep-alive", || {
+        pool.metrics().workers == 0
+    })
+    .await;
+    // The retiring worker wakes both helpers; they must not exit.
+    assert!(
+        still_pending(eventually("a helper thread exited", || {
+            threads_named("kept-observer") + threads_named("kept-monitor") < 2
+        }))
+        .await,
+        "a helper thread exited while the pool is open"
+    );
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    assert_eq!(
+        threads_named("kept-observer") + threads_named("kept-monitor"),
+        0
+    );
+}
+
 // ---------------------------------------------------------------------------
 // (d) immediate shutdown
 // ---------------------------------------------------------------------------
@@ -724,6 +767,131 @@ async fn shutdown_now_after_a_graceful_shutdown_still_returns_the_queue() {
     running.release().await;
     within("terminated()", pool.terminated()).await;
     assert!(!ran.load(Ordering::SeqCst));
+}
+
+/// Opens its gate when it sees a job that never started.
+struct OpenOnUnstarted(Gate);
+
+impl Observer for OpenOnUnstarted {
+    fn on_event(&self, event: &JobEvent) {
+        if event.kind == EventKind::NeverStarted {
+            self.0.open();
+        }
+    }
+}
+
+/// `shutdown_now` drains the queue a chunk at a time and lets go of the
+/// lock between chunks: every job queued when it began comes back
+/// unstarted, in submission order, across chunk boundaries and tombstones,
+/// even when permits free in the middle of the drain (the first chunk's
+/// events open the gate the running jobs wait on): once the drain has
+/// begun, no start takes a queued job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_drains_in_chunks_and_nothing_starts_meanwhile() {
+    const N: usize = 50_000;
+    let (g, hold) = gate();
+    let pool = builder(2, N)
+        .observer(Arc::new(OpenOnUnstarted(g)))
+        .observer_lag(4 * N)
+        .build()
+        .expect("valid configuration");
+    let (tx, mut started) = signal();
+    let running: Vec<_> = (0..2)
+        .map(|_| {
+            pool.offload(gated(&hold, &tx, (), |_| ()))
+                .spawn()
+                .expect("accepted")
+        })
+        .collect();
+    recv("the first permit's job", &mut started).await;
+    recv("the second permit's job", &mut started).await;
+    let handles: Vec<_> = (0..N)
+        .map(|i| pool.offload(move |_| i).spawn().expect("accepted"))
+        .collect();
+    // Every third job cancelled: tombstones, fewer than the queued jobs,
+    // stay linked between the jobs the drain returns.
+    let mut kept = Vec::new();
+    for (i, h) in handles.iter().enumerate() {
+        if i % 3 == 0 {
+            assert!(h.cancel());
+        } else {
+            kept.push(h.id());
+        }
+    }
+    let unstarted: Vec<JobId> = pool.shutdown_now().into_iter().map(|u| u.id).collect();
+    assert_eq!(
+        unstarted.len(),
+        kept.len(),
+        "nothing started during the drain"
+    );
+    assert!(unstarted == kept, "in submission order");
+    for h in running {
+        within("a running job", h).await.unwrap();
+    }
+    within("terminated", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!(m.completed, 2, "{m:?}");
+    assert_eq!(m.unstarted as usize, kept.len(), "{m:?}");
+    assert_ledger(&m);
+}
+
+/// Records, when a queued job's function is dropped unrun, how many jobs
+/// the pool still had queued.
+struct QueuedAtDrop {
+    pool: offloader::WeakOffloader,
+    seen: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Drop for QueuedAtDrop {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            self.seen.lock().unwrap().push(pool.metrics().queued);
+        }
+    }
+}
+
+/// `shutdown_now` lets go of the lock between chunks of its drain, and
+/// drops a chunk's functions before it drains the next: when the first
+/// function is dropped, the jobs of the later chunks are still queued (a
+/// drain in one critical section would hold the lock, and every other
+/// caller of the pool, for the whole queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_now_drops_a_chunk_before_draining_the_next() {
+    const N: usize = 5_000;
+    let pool = builder(1, N).build().expect("valid configuration");
+    let (g, hold) = gate();
+    let (tx, mut started) = signal();
+    let running = pool
+        .offload(move |_| {
+            tx.send(()).unwrap();
+            hold.wait();
+        })
+        .spawn()
+        .expect("accepted");
+    recv("the running job", &mut started).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    for _ in 0..N {
+        let probe = QueuedAtDrop {
+            pool: pool.downgrade(),
+            seen: seen.clone(),
+        };
+        pool.offload(move |_| drop(probe))
+            .spawn()
+            .expect("accepted")
+            .detach();
+    }
+    assert_eq!(pool.shutdown_now().len(), N);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), N, "every function dropped unrun");
+    assert!(
+        seen[0] > 0 && seen[0] < N as u64,
+        "the first chunk's functions were dropped with {} jobs still queued",
+        seen[0]
+    );
+    assert_eq!(*seen.last().unwrap(), 0);
+    g.open();
+    within("the running job", running).await.unwrap();
+    within("terminated", pool.terminated()).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1260,9 +1428,6 @@ fn stuck_recorder() -> &'static StuckRecorder {
     })
 }
 
-/// A job held past `stuck_after` is reported once, at WARN, and only once
-/// it has run longer than the threshold (`State::newly_stuck`): the report's
-/// `running_for` is past it.
 /// The stuck-job monitor sleeps between looks (a quarter of the threshold,
 /// at most a second): while a job runs under a long threshold, its thread
 /// uses next to no CPU. Counted in its own thread's CPU ticks over half a
@@ -1298,6 +1463,9 @@ async fn the_stuck_job_monitor_sleeps_between_looks() {
     within("the held job", h).await.unwrap();
 }
 
+/// A job held past `stuck_after` is reported once, at WARN, and only once
+/// it has run longer than the threshold (`State::newly_stuck`): the report's
+/// `running_for` is past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_running_past_stuck_after_is_reported_once_at_warn() {
     const NAME: &str = "stuck-probe";

@@ -2,7 +2,10 @@
 //! limiter's permits are held for the functions' real run, across pools;
 //! several limiters are taken together, all or none; a job waiting for a
 //! limiter is queued, cancellable and holds back no other lane; FIFO within
-//! a limiter. Ordered by gates and signals, never by sleeps.
+//! a limiter: lanes blocked on it are readied first blocked first, one per
+//! permit it frees or gains, and a lane that does not use its wake-up
+//! passes it on. Ordered by gates and signals (`Limiter::set_permits` tells
+//! the pools waiting for it before it returns), never by sleeps.
 
 mod support;
 
@@ -273,6 +276,243 @@ async fn fifo_within_a_limiter_and_no_head_of_line_blocking() {
     }
     let order = order.lock().unwrap().clone();
     assert_eq!(order, (0..50).collect::<Vec<_>>(), "submission order");
+}
+
+/// Spawns a job of `key` needing `limiters`, that signals `label` when it
+/// starts, then waits on `hold`.
+fn keyed_limited(
+    pool: &Offloader,
+    key: &str,
+    limiters: &[&Limiter],
+    label: &str,
+    hold: &Hold,
+    started: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> JobHandle<()> {
+    let (hold, started, label) = (hold.clone(), started.clone(), label.to_owned());
+    let mut o = pool
+        .offload(move |_| {
+            started.send(label).expect("test alive");
+            hold.wait();
+        })
+        .key(key);
+    for l in limiters {
+        o = o.limiter(l);
+    }
+    o.spawn().expect("accepted")
+}
+
+/// A hold whose gate is open already: its functions return at once.
+fn opened() -> Hold {
+    let (gate, hold) = gate();
+    gate.open();
+    hold
+}
+
+/// A start that goes through every lane ahead of the default lane in the
+/// ring: an unlimited, unkeyed job, awaited. Lanes whose front job cannot
+/// have its limiter's permit are blocked on it when this returns, in the
+/// order they were tried.
+async fn a_start_after(pool: &Offloader) {
+    within("an unlimited job", pool.offload(|_| ()))
+        .await
+        .expect("an unlimited job runs");
+}
+
+/// A lane readied by a limiter's freed permit whose front job was then
+/// cancelled passes the wake-up on when its next job, which needs no
+/// limiter, starts: the next lane blocked on that limiter starts with the
+/// permit (L4) instead of waiting for a permit that is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_its_lane_did_not_use_passes_to_the_next_blocked_lane() {
+    let l = Limiter::new(0);
+    let p = pool(2, 16);
+    let first = p.offload(|_| "first").key("k").limiter(&l).spawn().unwrap();
+    let other = p.offload(|_| "other").limiter(&l).spawn().unwrap();
+    // Lane "k", then the lane of `l`'s unkeyed jobs, block on `l`.
+    a_start_after(&p).await;
+    let second = p.offload(|_| "second").key("k").spawn().unwrap();
+    // Every permit of the pool is taken: nothing starts from here on until
+    // the blockers return.
+    let occupied = occupy(&p, 2).await;
+    // The permit readies lane "k" (the first blocked on `l`) ...
+    l.set_permits(1);
+    // ... whose front job then leaves: its next job needs no limiter.
+    assert!(first.cancel());
+    occupied.release().await;
+    assert_eq!(within("second", second).await.unwrap(), "second");
+    assert_eq!(
+        within("the other lane's job, woken", other).await.unwrap(),
+        "other"
+    );
+    assert_eq!(l.stats().in_use, 0);
+}
+
+/// Lanes blocked on a limiter are readied first blocked first, one per
+/// freed permit: a lane that took the permit it was readied for does not
+/// pass the wake-up on (which would make the next lane try, fail, and
+/// block again behind the one after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_blocked_on_a_limiter_start_first_blocked_first() {
+    let l = Limiter::new(0);
+    let p = pool(4, 16);
+    let (gate_a, hold_a) = gate();
+    let free = opened();
+    let (tx, mut started) = signal();
+    let a = keyed_limited(&p, "a", &[&l], "a", &hold_a, &tx);
+    let b = keyed_limited(&p, "b", &[&l], "b", &free, &tx);
+    let c = keyed_limited(&p, "c", &[&l], "c", &free, &tx);
+    a_start_after(&p).await;
+    l.set_permits(1);
+    assert_eq!(recv("a, readied first", &mut started).await, "a");
+    // Any lane readied meanwhile has been tried when this job starts.
+    a_start_after(&p).await;
+    gate_a.open();
+    within("a", a).await.unwrap();
+    assert_eq!(recv("the next lane", &mut started).await, "b");
+    assert_eq!(recv("the last lane", &mut started).await, "c");
+    within("b", b).await.unwrap();
+    within("c", c).await.unwrap();
+}
+
+/// A job joining a lane blocked on a limiter leaves the lane where it is
+/// in the limiter's list: it does not lose its turn to a lane that blocked
+/// after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_joining_a_blocked_lane_keeps_the_lane_s_turn() {
+    let l = Limiter::new(0);
+    let p = pool(4, 16);
+    let free = opened();
+    let (tx, mut started) = signal();
+    let a1 = keyed_limited(&p, "a", &[&l], "a1", &free, &tx);
+    let b1 = keyed_limited(&p, "b", &[&l], "b1", &free, &tx);
+    a_start_after(&p).await;
+    let a2 = keyed_limited(&p, "a", &[&l], "a2", &free, &tx);
+    // A lane taken out of the blocked list would be tried here, and block
+    // again behind "b".
+    a_start_after(&p).await;
+    l.set_permits(1);
+    let order = [
+        recv("the first start", &mut started).await,
+        recv("the second start", &mut started).await,
+        recv("the third start", &mut started).await,
+    ];
+    assert_eq!(order[0], "a1", "{order:?}");
+    for h in [a1, b1, a2] {
+        within("every job", h).await.unwrap();
+    }
+}
+
+/// Permits given at once ready as many lanes blocked on the limiter: two
+/// lanes blocked on a limiter both start when it goes from no permit to
+/// two, while the first still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_permits_given_at_once_ready_two_blocked_lanes() {
+    let l = Limiter::new(0);
+    let p = pool(4, 16);
+    let (gate, hold) = gate();
+    let (tx, mut started) = signal();
+    let a = keyed_limited(&p, "a", &[&l], "a", &hold, &tx);
+    let b = keyed_limited(&p, "b", &[&l], "b", &hold, &tx);
+    a_start_after(&p).await;
+    assert_eq!(l.stats().permits, 0);
+    l.set_permits(2);
+    assert_eq!(l.stats().permits, 2, "the new count, at once");
+    let mut got = [
+        recv("a lane readied", &mut started).await,
+        recv("both lanes readied", &mut started).await,
+    ];
+    got.sort();
+    assert_eq!(got, ["a", "b"]);
+    assert_eq!(l.stats().in_use, 2);
+    gate.open();
+    within("a", a).await.unwrap();
+    within("b", b).await.unwrap();
+}
+
+/// A lane readied by one limiter's permit whose front job then finds
+/// another limiter full blocks on that one and passes the permit it did
+/// not use to the next lane blocked on the first (L4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_that_blocks_on_another_limiter_passes_its_wake_up_on() {
+    // `first` before `second`: a job needing both tries `first` first.
+    let first = Limiter::new(0);
+    let second = Limiter::new(1);
+    let p = pool(4, 16);
+    let (gate, hold) = gate();
+    let free = opened();
+    let (tx, mut started) = signal();
+    let holder = limited(
+        &p,
+        &[&second],
+        "holder",
+        &Concurrency::default(),
+        &hold,
+        &tx,
+    );
+    assert_eq!(recv("the holder of second", &mut started).await, "holder");
+    let both = keyed_limited(&p, "both", &[&first, &second], "both", &free, &tx);
+    let one = keyed_limited(&p, "one", &[&first], "one", &free, &tx);
+    // Both lanes block on `first`, "both" ahead.
+    a_start_after(&p).await;
+    // The permit readies "both", which then finds `second` full.
+    first.set_permits(1);
+    assert_eq!(
+        recv("the next lane blocked on first", &mut started).await,
+        "one"
+    );
+    within("one", one).await.unwrap();
+    gate.open();
+    within("the holder", holder).await.unwrap();
+    assert_eq!(recv("both, last", &mut started).await, "both");
+    within("both", both).await.unwrap();
+}
+
+/// A permit granted to the pool readies one lane blocked on the limiter,
+/// not all of them, and that lane starts next (at the front of the ring,
+/// ahead of a lane that has not tried the limiter yet); the lanes still
+/// blocked keep their order (L4: first blocked first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_permit_readies_one_blocked_lane_not_all() {
+    let l = Limiter::new(0);
+    let p = pool(2, 16);
+    let (gate_d, hold_d) = gate();
+    let free = opened();
+    let (tx, mut started) = signal();
+    let a = keyed_limited(&p, "a", &[&l], "a", &free, &tx);
+    let b = keyed_limited(&p, "b", &[&l], "b", &free, &tx);
+    // "a", then "b", block on `l`.
+    a_start_after(&p).await;
+    // Every permit of the pool is taken: "d" waits in the ring, untried.
+    let occupied = occupy(&p, 2).await;
+    let d = keyed_limited(&p, "d", &[&l], "d", &hold_d, &tx);
+    // The permit goes to the pool once a permit of it frees: it readies
+    // "a", first blocked, ahead of "d" in the ring.
+    l.set_permits(1);
+    occupied.release().await;
+    assert_eq!(recv("a, readied", &mut started).await, "a");
+    assert_eq!(recv("b, blocked next", &mut started).await, "b");
+    assert_eq!(recv("d, last to try", &mut started).await, "d");
+    gate_d.open();
+    within("a", a).await.unwrap();
+    within("b", b).await.unwrap();
+    within("d", d).await.unwrap();
+}
+
+/// A lane whose front job finds its limiter full leaves the ring (L4) and
+/// the start goes on to the next lane at once: the pool's lock is not held
+/// by a start that retries the blocked lane. Run on a helper thread, so
+/// that a pool stuck under its lock fails the test instead of hanging it.
+#[test]
+fn a_lane_blocked_on_a_full_limiter_does_not_stall_the_pool() {
+    let (ran, cancelled) = within_blocking("an unlimited job behind a blocked lane", || {
+        let l = Limiter::new(0);
+        let p = pool(1, 4);
+        let waiting = p.offload(|_| ()).limiter(&l).spawn().unwrap();
+        let ran = p.offload(|_| 7).spawn().unwrap().blocking_wait(None);
+        (ran.ok(), waiting.cancel())
+    });
+    assert_eq!(ran, Some(7));
+    assert!(cancelled, "the limited job was still waiting");
 }
 
 /// A job waiting for a limiter is queued: cancel, a timeout under

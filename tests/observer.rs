@@ -2,14 +2,20 @@
 //! once, including cancel, immediate shutdown and abandoned callers; a
 //! panicking observer does not break the pool; the observer may call back
 //! into the pool; and after `terminated()` every event has been delivered.
+//! An observer behind by more than its lag holds admission back: callers
+//! waiting for room are woken as it catches up, and one that gives up is
+//! counted as a timed-out wait. A delivery thread that failed to spawn is
+//! spawned again by the next job or by the shutdown, and a terminated pool
+//! starts none.
 //!
 //! Ordering is by gates and "started" messages, never by sleeps.
 
 mod support;
 
-use std::future::IntoFuture;
+use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use offloader::{
@@ -795,6 +801,148 @@ async fn a_lagging_observer_holds_admission_back() {
     assert_eq!(done, vec![0, 1]);
 }
 
+/// A caller waiting for room that gives up while the observer keeps within
+/// its lag times out never accepted (`TimedOut { id: None, .. }`) and is
+/// counted as a timed-out wait (`rejected_timed_out`), neither as refused
+/// for a full queue nor for the observer, even when the room freed just
+/// then went to another waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_waiter_that_gives_up_counts_as_timed_out_when_the_observer_keeps_up() {
+    let (observer, observer_gate, mut delivering) =
+        BlockOnce::new(EventKind::Finished(JobState::Cancelled));
+    let pool = builder(1, 1)
+        .observer(observer)
+        .build()
+        .expect("valid configuration");
+    let occupied = occupy(&pool, 1).await;
+    let queued = pool.offload(|_| ()).spawn().expect("one may wait");
+    // A delivered batch wakes every room waiter: let these be delivered
+    // before any caller waits.
+    eventually("events so far delivered", || {
+        pool.metrics().events_pending == 0
+    })
+    .await;
+    let mut cx = Context::from_waker(Waker::noop());
+    // Two callers wait for room; the first registered is woken first.
+    let mut first = Box::pin(pool.offload(|_| "first").submit());
+    assert!(first.as_mut().poll(&mut cx).is_pending());
+    let mut second = Box::pin(pool.offload(|_| "second").with_timeout(SHORT).submit());
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    // The freed slot goes to the first, which is not polled yet; the
+    // observer holds the cancellation's delivery meanwhile.
+    assert!(queued.cancel());
+    recv("the cancellation being delivered", &mut delivering).await;
+
+    let err = within("the second caller's timeout", second)
+        .await
+        .expect_err("its time-out passes while the slot is promised away");
+    assert!(
+        matches!(
+            err.reason(),
+            Error::TimedOut {
+                id: None,
+                state: None,
+                fate: Fate::Cancelled,
+                ..
+            }
+        ),
+        "{:?}",
+        err.reason()
+    );
+    let m = pool.metrics();
+    assert_eq!(
+        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
+        (1, 0, 0),
+        "{m:?}"
+    );
+    observer_gate.open();
+    let admitted = within("the first caller", first).await.expect("room");
+    occupied.release().await;
+    assert_eq!(within("the first job", admitted).await.unwrap(), "first");
+}
+
+/// A caller that gives up waiting for room while the queue is full *and*
+/// the observer lags times out never accepted, counted as a timed-out wait
+/// for room (not as refused for the observer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_timed_out_on_a_full_queue_counts_as_timed_out_though_the_observer_lags() {
+    let (observer_gate, hold) = gate();
+    let pool = builder(1, 2)
+        .observer(Slow::new(hold))
+        .observer_lag(4)
+        .build()
+        .expect("valid configuration");
+    let occupied = occupy(&pool, 1).await;
+    let queued: Vec<_> = (0..2)
+        .map(|i| pool.offload(move |_| i).spawn().expect("room for two"))
+        .collect();
+    let m = pool.metrics();
+    assert_eq!((m.queued, m.running), (2, 1), "{m:?}");
+    assert!(
+        m.events_pending >= 4,
+        "the observer lags its full lag: {m:?}"
+    );
+    let err = within(
+        "the caller's timeout",
+        pool.offload(|_| 9).with_timeout(SHORT).submit(),
+    )
+    .await
+    .expect_err("the queue stays full");
+    assert!(
+        matches!(
+            err.reason(),
+            Error::TimedOut {
+                id: None,
+                state: None,
+                fate: Fate::Cancelled,
+                ..
+            }
+        ),
+        "{:?}",
+        err.reason()
+    );
+    let m = pool.metrics();
+    assert_eq!(
+        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
+        (1, 0, 0),
+        "{m:?}"
+    );
+    observer_gate.open();
+    occupied.release().await;
+    for (i, job) in queued.into_iter().enumerate() {
+        assert_eq!(within("a queued job", job).await.unwrap(), i);
+    }
+}
+
+/// A caller waiting for room because the observer lags is woken when the
+/// observer catches up, with no job finishing to wake it: every delivered
+/// batch of events wakes the callers waiting for room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_waiter_held_back_by_the_observer_is_woken_when_it_catches_up() {
+    let (observer_gate, hold) = gate();
+    let pool = builder(1, 4)
+        .observer(Slow::new(hold))
+        .observer_lag(2)
+        .build()
+        .expect("valid configuration");
+    // Three events, the observer held at the first: admission is held back.
+    assert_eq!(within("a job", pool.offload(|_| 1)).await.unwrap(), 1);
+    let mut waiting = Box::pin(pool.offload(|_| 7).submit());
+    assert!(waiting
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending());
+    let m = pool.metrics();
+    assert!(m.events_pending >= 2 && m.accepted == 1, "{m:?}");
+    // Nothing finishes from here on: only the observer catching up frees
+    // admission.
+    observer_gate.open();
+    let admitted = within("the waiter, once the observer caught up", waiting)
+        .await
+        .expect("admitted");
+    assert_eq!(within("its job", admitted).await.unwrap(), 7);
+}
+
 /// `observer_lag(0)` is a configuration error.
 #[test]
 fn a_zero_observer_lag_is_refused() {
@@ -917,4 +1065,108 @@ async fn an_observer_waiting_for_termination_without_a_limit_is_refused() {
         outcomes[0].contains("from the pool's own observer"),
         "{outcomes:?}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// The delivery thread
+
+/// The life of a job that ran to completion, as the observer sees it.
+const COMPLETED_LIFE: [EventKind; 3] = [
+    EventKind::Accepted,
+    EventKind::Started,
+    EventKind::Finished(JobState::Completed),
+];
+
+/// An observed pool (`observer_lag` as given, else the default) whose
+/// delivery thread failed to spawn, after one job ran: its three events
+/// wait, none delivered. Returns the pool, the observer's log and the job.
+async fn stranded_events(lag: Option<usize>) -> (Offloader, Arc<Log>, JobId) {
+    let log = Arc::new(Log::default());
+    let mut b = builder(1, 4).observer(log.clone());
+    if let Some(lag) = lag {
+        b = b.observer_lag(lag);
+    }
+    let pool = b.build().expect("valid configuration");
+    pool.__fail_next_delivery_spawns(1);
+    let first = pool.offload(|_| 1).spawn().expect("accepted");
+    let id = first.id();
+    assert_eq!(within("the first job", first).await.unwrap(), 1);
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (0, 3), "{m:?}");
+    (pool, log, id)
+}
+
+/// The observer's delivery thread failing to spawn does not strand the
+/// pool: the events wait, the next accepted job spawns the thread again and
+/// it delivers them all, and the pool still terminates (the failed spawn
+/// left no delivery thread counted as alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_spawn_is_retried_by_the_next_job() {
+    let (pool, log, first_id) = stranded_events(None).await;
+    let second = pool.offload(|_| 2).spawn().expect("accepted");
+    let second_id = second.id();
+    assert_eq!(within("the second job", second).await.unwrap(), 2);
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    assert_eq!(log.kinds(first_id), COMPLETED_LIFE);
+    assert_eq!(log.kinds(second_id), COMPLETED_LIFE);
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (6, 0), "{m:?}");
+    assert_ledger(&m);
+}
+
+/// Events held back by a delivery thread that failed to spawn do not hold
+/// admission back for good: the next caller's attempt spawns the thread
+/// again before admission is decided, so a waiting `submit` gets in once
+/// the events are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stranded_by_a_failed_delivery_spawn_do_not_block_admission() {
+    let (pool, _log, _) = stranded_events(Some(2)).await;
+    // Over the lag, with no thread to deliver: `submit` waits for room.
+    let second = within("admission", pool.offload(|_| 2).submit())
+        .await
+        .expect("admitted once the events were delivered");
+    assert_eq!(within("the second job", second).await.unwrap(), 2);
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    let m = pool.metrics();
+    assert_eq!((m.events_delivered, m.events_pending), (6, 0), "{m:?}");
+    assert_ledger(&m);
+}
+
+/// A delivery thread that failed to spawn, with no job after it, does not
+/// keep the pool from terminating: the shutdown spawns it again and the
+/// waiting events are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_delivers_events_stranded_by_a_failed_delivery_spawn() {
+    let (pool, log, id) = stranded_events(None).await;
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    assert_eq!(log.kinds(id), COMPLETED_LIFE);
+    assert_ledger(&pool.metrics());
+}
+
+/// A terminated pool with an observer stays terminated: a refused offload
+/// and a second shutdown start no delivery thread (nothing is left to
+/// deliver).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_observed_pool_stays_terminated() {
+    let log = Arc::new(Log::default());
+    let pool = builder(1, 4)
+        .observer(log.clone())
+        .build()
+        .expect("valid configuration");
+    assert_eq!(within("a job", pool.offload(|_| 1)).await.unwrap(), 1);
+    pool.shutdown();
+    within("termination", pool.terminated()).await;
+    assert!(pool.is_terminated());
+    let refused = pool.offload(|_| 2).spawn();
+    assert!(
+        matches!(refused, Err(ref e) if matches!(e.reason(), Error::ShuttingDown { id: None })),
+        "refused after shutdown"
+    );
+    assert!(pool.is_terminated(), "a refused offload started a thread");
+    pool.shutdown();
+    assert!(pool.is_terminated(), "a second shutdown started a thread");
+    assert_ledger(&pool.metrics());
 }

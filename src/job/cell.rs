@@ -77,9 +77,9 @@ pub(crate) trait Outcome<T>: Task {
     /// Blocks until the outcome is published or `until` passes; `None` on
     /// timeout.
     fn wait_outcome(&self, until: Option<Instant>) -> Option<Result<T, Error>>;
-    /// Drops a published outcome nobody will take (its handle goes), after
-    /// unlocking and catching a panic of its drop (user code: a value's or
-    /// a panic payload's `Drop`).
+    /// Drops the published outcome nobody will take (its handle goes), if
+    /// there is one: after unlocking, catching a panic of its drop (user
+    /// code: a value's or a panic payload's `Drop`).
     fn drop_published(&self);
 }
 
@@ -390,6 +390,10 @@ where
     fn drop_published(&self) {
         let outcome = {
             let mut cell = lock(&self.cell);
+            if !matches!(*cell, Cell::Published { .. }) {
+                // Not yet published (the worker drops it), or taken.
+                return;
+            }
             match std::mem::replace(&mut *cell, Cell::Taken { stop_ext: None }) {
                 Cell::Published { outcome, stop_ext } => {
                     *cell = Cell::Taken { stop_ext };

@@ -267,3 +267,22 @@ async fn futures_poll_once<F: std::future::Future + ?Sized>(
     })
     .await
 }
+
+/// The hint a spinning worker reads (`QueueCount::in_queue`) shows a job
+/// queued through the lock, and stops showing it once the job left the
+/// queue: a spinner that missed such jobs would spin its whole budget
+/// beside them.
+#[test]
+fn a_job_queued_through_the_lock_shows_to_spinners() {
+    let (pool, go, mut blocker) = held(true);
+    assert!(!pool.inner().queue_count.in_queue(), "nothing queued yet");
+    // A group's job takes the lock (its group's admission is decided there).
+    let group = pool.group();
+    let mut grouped = group.offload(|_stop| 3).spawn().expect("accepted");
+    assert!(pool.inner().intake.as_ref().is_some_and(|i| i.is_empty()));
+    assert!(pool.inner().queue_count.in_queue(), "a spinner sees it");
+    go.send(()).expect("the blocker waits");
+    assert!(blocker.blocking_wait(None).is_ok());
+    assert_eq!(grouped.blocking_wait(None).ok(), Some(3));
+    assert!(!pool.inner().queue_count.in_queue(), "it left the queue");
+}

@@ -114,7 +114,9 @@ impl Inner {
                 // With the fast layer on, the next job starts in this same
                 // critical section if `chain::may_chain_after` allows it: only if
                 // nothing foreign runs on this thread before its function.
-                if self.config.fast && chain::may_chain_after(core, user_code, &after) {
+                if self.config.fast
+                    && chain::may_chain_after(core, user_code, after.runs_foreign_code())
+                {
                     following = s.start(now, &mut after);
                 }
                 if following.is_none() && !user_code {

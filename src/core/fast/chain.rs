@@ -6,7 +6,6 @@
 //! asks [`may_chain_after`] only with the fast layer on, and starts the next
 //! job ([`State::start`](crate::core::state::State::start)) when it says yes.
 
-use crate::core::state::After;
 use crate::job::record::JobCore;
 use crate::util::sync::{fence, Ordering};
 
@@ -63,7 +62,7 @@ pub(crate) fn may_chain(done: Finished) -> bool {
 /// finished in this critical section (its outcome not yet published):
 /// `user_code` is terms 1–3, `after` the work the transition left for
 /// after the lock.
-pub(crate) fn may_chain_after(core: &JobCore, user_code: bool, after: &After) -> bool {
+pub(crate) fn may_chain_after(core: &JobCore, user_code: bool, foreign_after: bool) -> bool {
     // ORDERING: fence pair F4 of `README.md`, with a caller registering
     // its waker (job/cell.rs `poll_outcome`): the job is terminal now;
     // either the hint shows that caller's waker, or the caller sees the
@@ -71,7 +70,7 @@ pub(crate) fn may_chain_after(core: &JobCore, user_code: bool, after: &After) ->
     fence(Ordering::SeqCst);
     may_chain(Finished {
         user_code,
-        foreign_after: after.runs_foreign_code(),
+        foreign_after,
         in_group: core.membership().is_some(),
         waker_hint: core.waker_hint(),
         caller_waiting: core.caller_waiting(),

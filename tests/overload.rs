@@ -238,6 +238,40 @@ async fn waiting_for_room_that_cannot_help_is_refused_at_once() {
     busy.release().await;
 }
 
+/// A caller that would wait for room is judged behind the whole bound *and*
+/// every caller already waiting for room: with four waiting ahead of it
+/// (seven runs before its own: 2.1 s at the estimate) a 1.65 s timeout is
+/// refused at once, though the bound alone (0.9 s) or one waiter more
+/// (1.2 s) would have let it wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_waiter_is_judged_behind_the_callers_already_waiting() {
+    let pool = paced(1, 1, AbandonPolicy::CancelAndStop).await;
+    let busy = occupy(&pool, 1).await;
+    let filler = pool.offload(|_stop| ()).spawn().unwrap();
+    // Four callers without a deadline wait for room (never judged).
+    let mut waiting: Vec<_> = (0..4)
+        .map(|_| Box::pin(pool.offload(|_stop| ()).into_future()))
+        .collect();
+    for w in &mut waiting {
+        assert!(poll_once(w.as_mut()).await.is_pending(), "waits for room");
+    }
+    let err = within(
+        "the refusal",
+        pool.offload(|_stop| ())
+            .with_timeout(Duration::from_millis(1650)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Overloaded { id: None }), "{err:?}");
+    assert_eq!(pool.metrics().rejected_overload, 1);
+    busy.gate.open();
+    within("the filler", filler).await.unwrap();
+    for w in waiting {
+        within("a caller that waited for room", w).await.unwrap();
+    }
+    busy.release().await;
+}
+
 /// A full queue refused at once and a wait for room that timed out are
 /// counted apart; a caller whose wait for room times out while the observer
 /// lags is told it timed out.

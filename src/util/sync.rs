@@ -33,8 +33,9 @@ pub(crate) use std::sync::Arc;
 /// Aligns its value to a cache line pair (128 bytes: x86-64's prefetcher
 /// pulls lines in pairs; one of aarch64's larger lines), so that a value
 /// written by some threads does not slow down the readers of its
-/// neighbours.
-#[repr(align(128))]
+/// neighbours. Part of the fast layer (core/fast/README.md §5): a crate
+/// built with `--cfg offloader_plain` pads nothing.
+#[cfg_attr(not(offloader_plain), repr(align(128)))]
 pub(crate) struct Padded<T>(pub(crate) T);
 
 impl<T> std::ops::Deref for Padded<T> {

@@ -79,6 +79,46 @@ async fn a_blocking_wait_with_a_limit_on_a_queued_job_reports_queued() {
     );
 }
 
+/// A blocking wait with a limit that the outcome beats returns the
+/// outcome: the waiter, seen asleep in its wait before the job is let go,
+/// is woken by the publish, not by its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_wait_with_a_limit_returns_the_outcome_that_beats_it() {
+    const WAITER: &str = "limited-waiter";
+    let pool = pool(1, DEFAULT_QUEUE_CAPACITY);
+    let (g, hold) = gate();
+    let mut h = pool
+        .offload(move |_stop| {
+            hold.wait();
+            7u8
+        })
+        .spawn()
+        .expect("accepted");
+    let (done_tx, done) = mpsc::channel();
+    let waiter = std::thread::Builder::new()
+        .name(WAITER.into())
+        .spawn(move || {
+            let out = h.blocking_wait(Some(HANG));
+            done_tx.send(()).expect("test alive");
+            out
+        })
+        .expect("spawned");
+    // Asleep in its wait, or (wrongly) back from it already.
+    eventually("the limited waiter asleep", || {
+        sleeping_threads_named(WAITER) == 1 || done.try_recv().is_ok()
+    })
+    .await;
+    g.open();
+    let out = within(
+        "the limited waiter",
+        tokio::task::spawn_blocking(move || waiter.join()),
+    )
+    .await
+    .expect("joined")
+    .expect("the waiter did not panic");
+    assert_eq!(out.expect("the outcome, before the limit"), 7);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_wait_from_a_plain_std_thread() {
     let pool = pool(1, DEFAULT_QUEUE_CAPACITY);

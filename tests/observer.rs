@@ -801,6 +801,30 @@ async fn a_lagging_observer_holds_admission_back() {
     assert_eq!(done, vec![0, 1]);
 }
 
+/// `reason` is a wait for room that timed out, never accepted, and the pool
+/// counted it as such: neither as refused for a full queue nor for the
+/// observer.
+fn assert_a_timed_out_wait_for_room(reason: &Error, pool: &Offloader) {
+    assert!(
+        matches!(
+            reason,
+            Error::TimedOut {
+                id: None,
+                state: None,
+                fate: Fate::Cancelled,
+                ..
+            }
+        ),
+        "{reason:?}"
+    );
+    let m = pool.metrics();
+    assert_eq!(
+        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
+        (1, 0, 0),
+        "{m:?}"
+    );
+}
+
 /// A caller waiting for room that gives up while the observer keeps within
 /// its lag times out never accepted (`TimedOut { id: None, .. }`) and is
 /// counted as a timed-out wait (`rejected_timed_out`), neither as refused
@@ -836,25 +860,7 @@ async fn a_room_waiter_that_gives_up_counts_as_timed_out_when_the_observer_keeps
     let err = within("the second caller's timeout", second)
         .await
         .expect_err("its time-out passes while the slot is promised away");
-    assert!(
-        matches!(
-            err.reason(),
-            Error::TimedOut {
-                id: None,
-                state: None,
-                fate: Fate::Cancelled,
-                ..
-            }
-        ),
-        "{:?}",
-        err.reason()
-    );
-    let m = pool.metrics();
-    assert_eq!(
-        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
-        (1, 0, 0),
-        "{m:?}"
-    );
+    assert_a_timed_out_wait_for_room(err.reason(), &pool);
     observer_gate.open();
     let admitted = within("the first caller", first).await.expect("room");
     occupied.release().await;
@@ -888,25 +894,7 @@ async fn a_caller_timed_out_on_a_full_queue_counts_as_timed_out_though_the_obser
     )
     .await
     .expect_err("the queue stays full");
-    assert!(
-        matches!(
-            err.reason(),
-            Error::TimedOut {
-                id: None,
-                state: None,
-                fate: Fate::Cancelled,
-                ..
-            }
-        ),
-        "{:?}",
-        err.reason()
-    );
-    let m = pool.metrics();
-    assert_eq!(
-        (m.rejected_timed_out, m.rejected_full, m.rejected_observer),
-        (1, 0, 0),
-        "{m:?}"
-    );
+    assert_a_timed_out_wait_for_room(err.reason(), &pool);
     observer_gate.open();
     occupied.release().await;
     for (i, job) in queued.into_iter().enumerate() {

@@ -403,9 +403,8 @@ impl<T> Drop for JobHandle<T> {
         }
         // An outcome published and never taken is dropped here, its drop
         // caught as the worker catches it: a value's or a panic payload's
-        // `Drop` that panics must not unwind out of this one. (One look
-        // under the cell lock: asking first whether it is published, for
-        // an outcome the await took, cost a second lock per job.)
+        // `Drop` that panics must not unwind out of this one. One look
+        // under the cell lock, whatever the cell holds.
         self.job.drop_published();
     }
 }

@@ -390,16 +390,13 @@ where
     fn drop_published(&self) {
         let outcome = {
             let mut cell = lock(&self.cell);
-            if !matches!(*cell, Cell::Published { .. }) {
-                // Not yet published (the worker drops it), or taken.
-                return;
-            }
             match std::mem::replace(&mut *cell, Cell::Taken { stop_ext: None }) {
                 Cell::Published { outcome, stop_ext } => {
                     *cell = Cell::Taken { stop_ext };
                     debug_assert!(cell_matches(&cell, self.core.state_word()));
                     Some(outcome)
                 }
+                // Not yet published (the worker drops it), or taken.
                 other => {
                     *cell = other;
                     None

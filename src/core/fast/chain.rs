@@ -60,8 +60,8 @@ pub(crate) fn may_chain(done: Finished) -> bool {
 
 /// Fence F4, then [`may_chain`] over `core`, the job the worker just
 /// finished in this critical section (its outcome not yet published):
-/// `user_code` is terms 1–3, `after` the work the transition left for
-/// after the lock.
+/// `user_code` is terms 1–3, `foreign_after` term 4 (the transition left
+/// foreign work for after the lock).
 pub(crate) fn may_chain_after(core: &JobCore, user_code: bool, foreign_after: bool) -> bool {
     // ORDERING: fence pair F4 of `README.md`, with a caller registering
     // its waker (job/cell.rs `poll_outcome`): the job is terminal now;
